@@ -1,0 +1,40 @@
+# Every target builds its own virtual environment first, so a new machine needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo dev test lint typecheck bench drill clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/onceflow demo
+
+dev: $(STAMP)
+	$(BIN)/onceflow dev
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/ledger.py
+	$(BIN)/python bench/e2e.py
+
+RUNS ?= 200
+drill: $(STAMP)
+	$(BIN)/onceflow drill --runs $(RUNS)
+
+clean:
+	rm -rf $(VENV) .onceflow

@@ -1,0 +1,68 @@
+"""Ledger errors. Each carries the facts a caller needs to decide, not just a message."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class LedgerError(Exception):
+    """Base class for everything the ledger raises."""
+
+
+class LedgerUnavailableError(LedgerError):
+    """The database could not be reached or failed mid-statement; nothing is known to have changed."""
+
+
+class RecordNotFoundError(LedgerError):
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no tool execution with key {key!r}")
+        self.key = key
+
+
+class PayloadMismatchError(LedgerError):
+    """The same key arrived with different arguments: a bug or an injection, never a retry."""
+
+    def __init__(self, key: str, recorded_sha256: str, offered_sha256: str) -> None:
+        super().__init__(
+            f"key {key!r} is bound to payload sha256 {recorded_sha256}; "
+            f"refusing a different payload with sha256 {offered_sha256}"
+        )
+        self.key = key
+        self.recorded_sha256 = recorded_sha256
+        self.offered_sha256 = offered_sha256
+
+
+class InvalidTransitionError(LedgerError):
+    """The record is not in a state that allows the requested change."""
+
+    def __init__(
+        self,
+        key: str,
+        current_status: str,
+        wanted: str,
+        *,
+        settled_by: str | None = None,
+        settled_at: datetime | None = None,
+    ) -> None:
+        detail = f"key {key!r} is {current_status}"
+        if settled_by:
+            when = f" at {settled_at.isoformat()}" if settled_at else ""
+            detail += f" (settled by {settled_by}{when})"
+        super().__init__(f"cannot {wanted}: {detail}")
+        self.key = key
+        self.current_status = current_status
+        self.settled_by = settled_by
+        self.settled_at = settled_at
+
+
+class AlreadySettledError(InvalidTransitionError):
+    """A compare-and-set settle lost: someone else settled the call first. Names the winner."""
+
+
+class OutcomeIgnoredError(InvalidTransitionError):
+    """An outcome from a non-owner, or one that arrived after settling: recorded as an event only."""
+
+
+class ReasonRequiredError(LedgerError, ValueError):
+    def __init__(self, action: str) -> None:
+        super().__init__(f"{action} needs a non-empty reason")

@@ -1,0 +1,103 @@
+"""What the ledger hands back: a record per call, its events, and the outcome of a reservation."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel, ConfigDict
+
+from ledger.status import FailureKind, SideEffect, Status
+
+
+class ToolExecutionEvent(BaseModel):
+    """One line of a call's history. Never updated, never deleted."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    key: str
+    at: datetime
+    actor: str
+    kind: str
+    from_status: Status | None = None
+    to_status: Status | None = None
+    reason: str | None = None
+    evidence: Any = None
+    detail: Any = None
+
+
+class ToolExecutionRecord(BaseModel):
+    """The ledger's view of one side-effecting tool call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    tenant: str
+    run_id: str
+    tool_call_id: str
+    agent: str
+    tool_name: str
+    side_effect: SideEffect
+    status: Status
+    payload: dict[str, Any]
+    payload_sha256: str
+    attempt: int
+    owner: str | None
+    result: Any = None
+    result_reference: str | None = None
+    failure_kind: FailureKind | None = None
+    error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None = None
+    settled_by: str | None = None
+    reason: str | None = None
+    evidence: Any = None
+    events: list[ToolExecutionEvent] = []
+
+
+class Reservation(StrEnum):
+    """What reserve found. Only NEW and RETRY mean: you own the call, send it now."""
+
+    NEW = "new"
+    RETRY = "retry"  # it had failed without effect; re-reserved with attempt + 1
+    AWAITING_APPROVAL = "awaiting_approval"  # recorded; wait for an operator before sending
+    COMPLETED = "completed"  # already done: use the recorded result, do not call the tool
+    IN_FLIGHT = "in_flight"  # started or indeterminate: never dispatch again
+    SETTLED = "settled"  # denied or compensated: a final answer that is not a result
+
+
+class ReserveResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    outcome: Reservation
+    record: ToolExecutionRecord
+
+    @property
+    def may_send(self) -> bool:
+        return self.outcome in (Reservation.NEW, Reservation.RETRY)
+
+
+_JSON_COLUMNS = ("payload", "result", "evidence", "detail")
+
+
+def row_to_dict(row: asyncpg.Record) -> dict[str, Any]:
+    data = dict(row)
+    for column in _JSON_COLUMNS:
+        if isinstance(data.get(column), str):
+            data[column] = json.loads(data[column])
+    return data
+
+
+def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = None) -> ToolExecutionRecord:
+    data = row_to_dict(row)
+    data.pop("inserted", None)
+    return ToolExecutionRecord(**data, events=events or [])
+
+
+def to_event(row: asyncpg.Record) -> ToolExecutionEvent:
+    return ToolExecutionEvent(**row_to_dict(row))

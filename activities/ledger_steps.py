@@ -1,0 +1,69 @@
+"""Ledger steps the workflow runs with retries: they only read or compare-and-set, never send."""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.outcomes import outcome_from_record
+from activities.tools import record_outcome
+from ledger import (
+    InvalidTransitionError,
+    Ledger,
+    ReasonRequiredError,
+    RecordNotFoundError,
+    Status,
+)
+from onceflow.payloads import CallRef, OwnerOutcome, SettleInput, ToolOutcome
+
+
+class LedgerActivities:
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    @activity.defn(name="inspect_call")
+    async def inspect_call(self, ref: CallRef) -> ToolOutcome | None:
+        """After a write activity was lost: what does the ledger know?
+
+        No row: nothing was reserved, so nothing was sent (None). `started`: it may have been sent,
+        so it becomes `indeterminate`. Anything else is the ledger's answer as it stands.
+        """
+        record = await self.ledger.find(ref.key)
+        if record is None:
+            return None
+        if record.status is Status.STARTED:
+            record = await self.ledger.mark_indeterminate(
+                ref.key,
+                actor="inspector",
+                reason="the activity running this call timed out or its worker died",
+            )
+        return outcome_from_record(record)
+
+    @activity.defn(name="record_outcome")
+    async def record_outcome(self, outcome: OwnerOutcome) -> ToolOutcome:
+        return await record_outcome(self.ledger, outcome)
+
+    @activity.defn(name="settle_call")
+    async def settle_call(self, request: SettleInput) -> ToolOutcome:
+        """A resolve signal: settle by compare-and-set if it carries a status, then read the truth."""
+        signal = request.signal
+        try:
+            if signal.status is not None:
+                await self.ledger.settle(
+                    signal.key,
+                    status=Status(signal.status),
+                    actor=signal.actor,
+                    reason=signal.reason or "",
+                    evidence=signal.evidence,
+                    result=signal.result,
+                    tenant=request.tenant,
+                )
+            record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
+        except ReasonRequiredError as exc:
+            raise ApplicationError(str(exc), type="InvalidResolve", non_retryable=True) from exc
+        except RecordNotFoundError as exc:
+            raise ApplicationError(str(exc), type="RecordNotFound", non_retryable=True) from exc
+        except InvalidTransitionError as exc:
+            activity.logger.info("resolve of %s lost the race: %s", signal.key, exc)
+            record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
+        return outcome_from_record(record)

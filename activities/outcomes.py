@@ -1,0 +1,34 @@
+"""Turning ledger records into what the workflow and the model are told."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from temporalio import activity
+
+from ledger import ToolExecutionRecord
+from onceflow.payloads import ToolOutcome
+
+
+def outcome_from_record(record: ToolExecutionRecord, *, replayed: bool = False) -> ToolOutcome:
+    return ToolOutcome(
+        tool_call_id=record.tool_call_id,
+        tool=record.tool_name,
+        key=record.key,
+        status=record.status,
+        value=record.result,
+        error=record.error or record.reason,
+        failure_kind=record.failure_kind,
+        replayed=replayed,
+    )
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_token(worker_identity: str) -> str:
+    """Names this exact attempt: a reset run, a retry or another worker gets a different token."""
+    info = activity.info()
+    return f"{info.workflow_run_id}/{info.activity_id}#{info.attempt}@{worker_identity}"

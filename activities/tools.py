@@ -1,0 +1,171 @@
+"""Running tools. Reads retry under Temporal's policy; writes go through the ledger, once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.outcomes import outcome_from_record, owner_token
+from ledger import (
+    CallIdentity,
+    FailureKind,
+    Ledger,
+    LedgerUnavailableError,
+    OutcomeIgnoredError,
+    PayloadMismatchError,
+    Status,
+)
+from onceflow.agents import AgentRegistry
+from onceflow.constants import ERR_LEDGER_UNAVAILABLE, ERR_OUTCOME_NOT_RECORDED, ERR_PAYLOAD_MISMATCH
+from onceflow.payloads import OwnerOutcome, ToolCallInput, ToolOutcome
+from onceflow.tools import (
+    InvalidToolArgumentsError,
+    Tool,
+    ToolContext,
+    ToolNotAttemptedError,
+    ToolRejectedError,
+)
+
+
+def _context(tool_input: ToolCallInput, attempt: int) -> ToolContext:
+    key = f"{tool_input.run_id}:{tool_input.call.id}"
+    return ToolContext(
+        idempotency_key=key,
+        run_id=tool_input.run_id,
+        tool_call_id=tool_input.call.id,
+        tenant=tool_input.tenant,
+        attempt=attempt,
+        logger=activity.logger,
+    )
+
+
+async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
+    """Write the owner's outcome down; the ledger's answer (not ours) is what comes back."""
+    try:
+        if outcome.status == "completed":
+            record = await ledger.complete(
+                outcome.key,
+                owner=outcome.owner,
+                result=outcome.value,
+                result_reference=outcome.result_reference,
+            )
+        elif outcome.status == "failed":
+            assert outcome.failure_kind is not None
+            record = await ledger.fail(
+                outcome.key,
+                owner=outcome.owner,
+                kind=outcome.failure_kind,
+                error=outcome.error or "",
+            )
+        else:
+            record = await ledger.mark_indeterminate(
+                outcome.key, actor=outcome.owner, reason=outcome.error or "outcome unknown"
+            )
+    except OutcomeIgnoredError:
+        # Someone settled the call before our answer arrived; the ledger keeps theirs.
+        record = await ledger.get(outcome.key, with_events=False)
+    return outcome_from_record(record)
+
+
+class ToolActivities:
+    def __init__(self, ledger: Ledger, registry: AgentRegistry, worker_identity: str) -> None:
+        self.ledger = ledger
+        self.registry = registry
+        self.worker_identity = worker_identity
+
+    @activity.defn(name="run_read_tool")
+    async def run_read_tool(self, tool_input: ToolCallInput) -> ToolOutcome:
+        """A read: no ledger, and an exception means Temporal tries again (three attempts)."""
+        tool = self.registry.tool(tool_input.agent, tool_input.call.name)
+        call = tool_input.call
+        try:
+            arguments = tool.validate_arguments(call.arguments)
+        except InvalidToolArgumentsError as exc:
+            return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(exc))
+        context = _context(tool_input, activity.info().attempt)
+        try:
+            value = await asyncio.wait_for(
+                tool.invoke(arguments, context), tool.effect.timeout.total_seconds()
+            )
+        except (ToolNotAttemptedError, ToolRejectedError) as exc:
+            return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(exc))
+        return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="ok", value=value)
+
+    @activity.defn(name="run_write_tool")
+    async def run_write_tool(self, tool_input: ToolCallInput) -> ToolOutcome:
+        """Reserve the key, run the tool once with it, record what happened."""
+        tool = self.registry.tool(tool_input.agent, tool_input.call.name)
+        call = tool_input.call
+        try:
+            arguments = tool.validate_arguments(call.arguments)
+        except InvalidToolArgumentsError as exc:
+            # Nothing reserved, nothing sent: the model is told and may try again.
+            return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(exc))
+        owner = owner_token(self.worker_identity)
+        identity = CallIdentity(
+            tenant=tool_input.tenant, run_id=tool_input.run_id, tool_call_id=call.id, agent=tool_input.agent
+        )
+        try:
+            reservation = await self.ledger.reserve(
+                identity,
+                tool_name=tool.name,
+                side_effect=tool.side_effect,
+                arguments=arguments,
+                owner=owner,
+                approval=tool.effect.approval,
+            )
+        except LedgerUnavailableError as exc:
+            raise ApplicationError(
+                f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
+            ) from exc
+        except PayloadMismatchError as exc:
+            raise ApplicationError(str(exc), type=ERR_PAYLOAD_MISMATCH, non_retryable=True) from exc
+        if not reservation.may_send:
+            return outcome_from_record(
+                reservation.record, replayed=reservation.record.status is Status.COMPLETED
+            )
+        context = _context(tool_input, reservation.record.attempt)
+        outcome = await self._send(tool, arguments, context, owner)
+        try:
+            return await record_outcome(self.ledger, outcome)
+        except LedgerUnavailableError as exc:
+            # The effect may have happened and we know how it ended; hand the outcome to the
+            # workflow, which records it with a retrying ledger step.
+            raise ApplicationError(
+                f"outcome not recorded: {exc}",
+                outcome.model_dump(mode="json"),
+                type=ERR_OUTCOME_NOT_RECORDED,
+                non_retryable=True,
+            ) from exc
+
+    async def _send(
+        self, tool: Tool, arguments: dict[str, Any], context: ToolContext, owner: str
+    ) -> OwnerOutcome:
+        def outcome(status: Literal["completed", "failed", "indeterminate"], **fields: Any) -> OwnerOutcome:
+            return OwnerOutcome(
+                key=context.idempotency_key,
+                owner=owner,
+                tool=tool.name,
+                tool_call_id=context.tool_call_id,
+                status=status,
+                **fields,
+            )
+
+        timeout = tool.effect.timeout.total_seconds()
+        try:
+            value = await asyncio.wait_for(tool.invoke(arguments, context), timeout)
+        except ToolNotAttemptedError as exc:
+            return outcome(
+                "failed", failure_kind=FailureKind.NOT_ATTEMPTED, error=str(exc) or "not attempted"
+            )
+        except ToolRejectedError as exc:
+            return outcome("failed", failure_kind=FailureKind.REJECTED, error=str(exc) or "rejected")
+        except TimeoutError:
+            return outcome("indeterminate", error=f"no answer within {timeout:g}s")
+        except Exception as exc:  # an unknown error after the request may have left is unknown
+            activity.logger.warning("tool %s raised %r; outcome unknown", tool.name, exc)
+            return outcome("indeterminate", error=f"{type(exc).__name__}: {exc}"[:2000])
+        return outcome("completed", value=value)

@@ -1,0 +1,224 @@
+"""agents.yaml: which agents exist, what model drives them, which tools they get, and their policy.
+
+toolsets:
+  billing: examples.billing.tools:billing      # name -> "module:attribute" of a Toolset
+agents:
+  billing-assistant:
+    model: {provider: scripted, script: [...]}
+    instructions: You help with refunds.
+    toolsets: [billing]
+    tool_policy: {on_indeterminate: pause, reconcile_deadline: 10m, escalation_owner: oncall}
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from onceflow.model import Model, ScriptedModel, ScriptTurn
+from onceflow.payloads import AgentSpec, ToolPolicySpec, ToolSpec
+from onceflow.testing import tool_contract_problems
+from onceflow.tools import Tool, Toolset
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+class AgentConfigError(ValueError):
+    """agents.yaml is malformed or names something that does not exist. Says file, agent, problem."""
+
+    def __init__(self, path: Path | str, problem: str, agent: str | None = None) -> None:
+        where = f"{path}" + (f", agent {agent!r}" if agent else "")
+        super().__init__(f"{where}: {problem}")
+        self.path = str(path)
+        self.agent = agent
+        self.problem = problem
+
+
+def parse_duration(value: Any) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a duration (examples: 30s, 10m, 2h)")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+class ToolPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    on_indeterminate: Literal["pause", "fail"] = "fail"
+    reconcile_deadline: timedelta = timedelta(hours=1)
+    reconcile_initial_interval: timedelta = timedelta(seconds=1)
+    reconcile_max_interval: timedelta = timedelta(minutes=5)
+    escalation_owner: str | None = None
+
+    @field_validator(
+        "reconcile_deadline", "reconcile_initial_interval", "reconcile_max_interval", mode="before"
+    )
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta:
+        duration = parse_duration(value)
+        if duration <= timedelta(0):
+            raise ValueError("must be positive")
+        return duration
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    provider: Literal["scripted"] = "scripted"
+    script: list[ScriptTurn] = Field(min_length=1)
+
+    def build(self) -> Model:
+        return ScriptedModel(self.script)
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelConfig
+    instructions: str = ""
+    toolsets: list[str] = []
+    tool_policy: ToolPolicy = ToolPolicy()
+
+
+class AgentsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    toolsets: dict[str, str] = {}
+    agents: dict[str, AgentConfig] = Field(min_length=1)
+
+
+class Agent:
+    """One configured agent with its tools resolved."""
+
+    def __init__(self, name: str, config: AgentConfig, tools: dict[str, Tool]) -> None:
+        self.name = name
+        self.config = config
+        self.tools = tools
+
+    def spec(self) -> AgentSpec:
+        policy = self.config.tool_policy
+        return AgentSpec(
+            name=self.name,
+            instructions=self.config.instructions,
+            tools={
+                name: ToolSpec(
+                    name=name,
+                    side_effect=tool.side_effect,
+                    timeout_seconds=tool.effect.timeout.total_seconds(),
+                    approval=tool.effect.approval,
+                    has_reconcile=tool.reconcile is not None,
+                    has_compensation=tool.compensation is not None,
+                    json_schema=tool.json_schema(),
+                )
+                for name, tool in self.tools.items()
+            },
+            policy=ToolPolicySpec(
+                on_indeterminate=policy.on_indeterminate,
+                reconcile_deadline_seconds=policy.reconcile_deadline.total_seconds(),
+                reconcile_initial_interval_seconds=policy.reconcile_initial_interval.total_seconds(),
+                reconcile_max_interval_seconds=policy.reconcile_max_interval.total_seconds(),
+                escalation_owner=policy.escalation_owner,
+            ),
+        )
+
+
+class AgentRegistry:
+    """Agents by name, and every tool any of them can call."""
+
+    def __init__(self, agents: dict[str, Agent], path: str = "<memory>") -> None:
+        self.agents = agents
+        self.path = path
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            known = ", ".join(sorted(self.agents)) or "none"
+            raise LookupError(f"no agent named {name!r} in {self.path} (known: {known})") from None
+
+    def tool(self, agent: str, name: str) -> Tool:
+        tools = self.agent(agent).tools
+        try:
+            return tools[name]
+        except KeyError:
+            raise LookupError(f"agent {agent!r} has no tool {name!r}") from None
+
+    def all_tools(self) -> list[Tool]:
+        seen: dict[int, Tool] = {}
+        for agent in self.agents.values():
+            for tool in agent.tools.values():
+                seen[id(tool)] = tool
+        return list(seen.values())
+
+
+def _import_toolset(path: Path | str, name: str, target: str) -> Toolset:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise AgentConfigError(path, f"toolset {name!r}: {target!r} is not 'module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+        toolset = getattr(module, attribute)
+    except (ImportError, AttributeError) as exc:
+        raise AgentConfigError(path, f"toolset {name!r}: cannot import {target!r}: {exc}") from exc
+    if not isinstance(toolset, Toolset):
+        raise AgentConfigError(path, f"toolset {name!r}: {target!r} is not a onceflow Toolset")
+    return toolset
+
+
+def build_registry(data: Any, path: Path | str = "<memory>") -> AgentRegistry:
+    """Validate parsed agents.yaml content and resolve every toolset and tool it names."""
+    if not isinstance(data, dict):
+        raise AgentConfigError(path, "expected a mapping with 'toolsets' and 'agents'")
+    try:
+        parsed = AgentsFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        location = [str(p) for p in first["loc"]]
+        agent = location[1] if len(location) > 1 and location[0] == "agents" else None
+        problem = f"{'.'.join(location)}: {first['msg']}"
+        raise AgentConfigError(path, problem, agent) from None
+    toolsets = {name: _import_toolset(path, name, target) for name, target in parsed.toolsets.items()}
+    agents: dict[str, Agent] = {}
+    for agent_name, config in parsed.agents.items():
+        tools: dict[str, Tool] = {}
+        for toolset_name in config.toolsets:
+            if toolset_name not in toolsets:
+                raise AgentConfigError(path, f"unknown toolset {toolset_name!r}", agent_name)
+            for tool in toolsets[toolset_name].tools:
+                if tool.name in tools:
+                    raise AgentConfigError(path, f"two tools are named {tool.name!r}", agent_name)
+                problems = tool_contract_problems(tool)
+                if problems:
+                    raise AgentConfigError(
+                        path,
+                        f"tool {toolset_name}.{tool.name} breaks the contract: " + "; ".join(problems),
+                        agent_name,
+                    )
+                tools[tool.name] = tool
+        agents[agent_name] = Agent(agent_name, config, tools)
+    return AgentRegistry(agents, str(path))
+
+
+def load_agents(path: Path | str) -> AgentRegistry:
+    """Read and check agents.yaml. Every problem names the file and, where it can, the agent."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise AgentConfigError(path, f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise AgentConfigError(path, f"not valid YAML: {exc}") from exc
+    return build_registry(data, path)

@@ -1,0 +1,97 @@
+"""Connecting to Temporal and starting runs from client code."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributeKey, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from onceflow.config import Settings
+from onceflow.constants import SEARCH_ATTRIBUTES
+from onceflow.payloads import AgentRunInput, AgentRunResult
+from onceflow.telemetry import configure_tracing, tracing_interceptor
+from workflows.agent_run import AgentRunWorkflow
+
+
+class RunIdTakenError(ValueError):
+    """A run id names one run forever: keys are built from it, so it is never reused."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run id {run_id!r} is already taken; choose a new one")
+        self.run_id = run_id
+
+
+async def connect(settings: Settings | None = None) -> Client:
+    """A Temporal client with onceflow's data converter and tracing."""
+    settings = settings or Settings.from_env()
+    configure_tracing()
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+        interceptors=[tracing_interceptor()],
+    )
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:16]}"
+
+
+async def start_run(
+    client: Client,
+    run_input: AgentRunInput,
+    *,
+    run_id: str | None = None,
+    task_queue: str | None = None,
+) -> WorkflowHandle[AgentRunWorkflow, AgentRunResult]:
+    """Start an agent run. Refuses a run id that any earlier run, finished or not, has used."""
+    run_id = run_id or new_run_id()
+    try:
+        return await client.start_workflow(
+            AgentRunWorkflow.run,
+            run_input,
+            id=run_id,
+            task_queue=task_queue or Settings.from_env().task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            static_summary=f"{run_input.agent} for {run_input.tenant}",
+        )
+    except WorkflowAlreadyStartedError as exc:
+        raise RunIdTakenError(run_id) from exc
+
+
+def search_attribute_flags() -> list[str]:
+    """`--search-attribute Name=Type` flags for `temporal server start-dev`."""
+    return [f"--search-attribute={key.name}={_type_name(key)}" for key in SEARCH_ATTRIBUTES]
+
+
+def _type_name(key: SearchAttributeKey[Any]) -> str:
+    return (
+        "KeywordList"
+        if key.indexed_value_type == IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD_LIST
+        else "Keyword"
+    )
+
+
+async def ensure_search_attributes(client: Client) -> list[str]:
+    """Register onceflow's search attributes on the namespace if missing; returns those added."""
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
+    existing = set(listed.custom_attributes) | set(listed.system_attributes)
+    missing = {
+        key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
+        for key in SEARCH_ATTRIBUTES
+        if key.name not in existing
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+        )
+    return sorted(missing)

@@ -1,0 +1,45 @@
+"""Names and policies shared by workflows, activities, the worker and clients."""
+
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy, SearchAttributeKey
+
+TASK_QUEUE = "onceflow"
+
+# Search attributes: what the Temporal UI can filter runs by.
+PHASE = SearchAttributeKey.for_keyword("OnceflowPhase")
+TENANT = SearchAttributeKey.for_keyword("OnceflowTenant")
+AGENT = SearchAttributeKey.for_keyword("OnceflowAgent")
+UNRESOLVED_KEYS = SearchAttributeKey.for_keyword_list("OnceflowUnresolvedKeys")
+SEARCH_ATTRIBUTES = (PHASE, TENANT, AGENT, UNRESOLVED_KEYS)
+
+# Reads and model calls may be repeated; writes get exactly one attempt.
+READ_RETRY = RetryPolicy(
+    maximum_attempts=3,
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=5),
+)
+MODEL_RETRY = READ_RETRY
+WRITE_ONCE = RetryPolicy(maximum_attempts=1)
+# Ledger steps only read or compare-and-set, so they may be retried as long as the database is away.
+LEDGER_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    non_retryable_error_types=["RecordNotFound", "InvalidResolve"],
+)
+
+# How long Temporal waits beyond a tool's own timeout before it calls the activity lost.
+ACTIVITY_MARGIN = timedelta(seconds=5)
+LEDGER_STEP_TIMEOUT = timedelta(seconds=10)
+MODEL_TIMEOUT = timedelta(seconds=60)
+# Backoff while the ledger database is down at reserve time: nothing was sent, so try again.
+RESERVE_BACKOFF_INITIAL = timedelta(milliseconds=500)
+RESERVE_BACKOFF_MAX = timedelta(seconds=30)
+
+# ApplicationError types the write activity raises; the workflow tells them apart by these.
+ERR_LEDGER_UNAVAILABLE = "LedgerUnavailable"  # before sending: safe to try the reservation again
+ERR_OUTCOME_NOT_RECORDED = "OutcomeNotRecorded"  # sent and answered, but the ledger write failed
+ERR_PAYLOAD_MISMATCH = "PayloadMismatch"
+ERR_CALL_INDETERMINATE = "CallIndeterminate"

@@ -1,0 +1,222 @@
+"""Everything that crosses the Temporal boundary: workflow, activity and signal inputs and outputs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ledger.status import FailureKind, SideEffect, Status
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# -- agent runs -----------------------------------------------------------------------------------
+
+
+class AgentRunInput(_Frozen):
+    """Start an agent run. The workflow id is the run id, and keys are built from it."""
+
+    agent: str
+    tenant: str
+    input: str
+    max_turns: int = Field(default=20, ge=1, le=200)
+
+
+class AgentRunResult(_Frozen):
+    run_id: str
+    final: str
+    turns: int
+    calls: list[CallSummary]
+
+
+class Phase(StrEnum):
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_RECONCILIATION = "awaiting_reconciliation"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class CallSummary(_Frozen):
+    tool_call_id: str
+    tool: str
+    key: str | None  # None for reads, which are not in the ledger
+    status: str  # a ledger Status for writes; "ok"/"error" for reads
+    detail: str | None = None
+
+
+class RunStatus(_Frozen):
+    """Answer to the `status` query."""
+
+    phase: Phase
+    turns: int
+    pending: list[CallSummary]
+    calls: list[CallSummary]
+    last_resolve_error: str | None = None
+
+
+class ResolveSignal(BaseModel):
+    """Ask the run to act on the ledger's answer for `key`.
+
+    With `status`, it first settles the call (compare-and-set, `reason` required); without, it only
+    re-reads the ledger. Either way the run acts on what the ledger says, never on the signal.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    status: Literal["completed", "failed"] | None = None
+    reason: str | None = None
+    actor: str = "signal"
+    evidence: dict[str, Any] | None = None
+    result: Any = None
+
+
+# -- the model --------------------------------------------------------------------------------------
+
+
+class ToolCall(_Frozen):
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class Message(_Frozen):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCall] = []
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ModelTurn(_Frozen):
+    """What the model answered: tool calls to make, or a final answer."""
+
+    tool_calls: list[ToolCall] = []
+    final: str | None = None
+
+
+class ModelCallInput(_Frozen):
+    agent: str
+    run_id: str
+    messages: list[Message]
+
+
+# -- agents and tools as the workflow sees them -------------------------------------------------------
+
+
+class ToolSpec(_Frozen):
+    name: str
+    side_effect: SideEffect
+    timeout_seconds: float
+    approval: bool
+    has_reconcile: bool
+    has_compensation: bool
+    json_schema: dict[str, Any]
+
+
+class ToolPolicySpec(_Frozen):
+    on_indeterminate: Literal["pause", "fail"]
+    reconcile_deadline_seconds: float
+    reconcile_initial_interval_seconds: float
+    reconcile_max_interval_seconds: float
+    escalation_owner: str | None
+
+
+class AgentSpec(_Frozen):
+    name: str
+    instructions: str
+    tools: dict[str, ToolSpec]
+    policy: ToolPolicySpec
+
+
+# -- tool calls ------------------------------------------------------------------------------------------
+
+
+class ToolCallInput(_Frozen):
+    run_id: str
+    tenant: str
+    agent: str
+    call: ToolCall
+
+
+class ToolOutcome(_Frozen):
+    """What became of one tool call, from the ledger's point of view for writes."""
+
+    tool_call_id: str
+    tool: str
+    key: str | None
+    status: Status | Literal["ok", "error"]
+    value: Any = None
+    error: str | None = None
+    failure_kind: FailureKind | None = None
+    replayed: bool = False  # the ledger already had the result; the tool was not called
+
+    def for_model(self) -> dict[str, Any]:
+        """The truth, as the model is told it."""
+        if self.status in (Status.COMPLETED, "ok"):
+            return {"ok": True, "result": self.value}
+        if self.status is Status.COMPENSATED:
+            return {"ok": False, "took_effect": True, "compensated": True, "result": self.value}
+        if self.status in (Status.FAILED, Status.DENIED):
+            return {
+                "ok": False,
+                "took_effect": False,
+                "reason": self.failure_kind or self.status,
+                "error": self.error,
+            }
+        if self.status is Status.INDETERMINATE:
+            return {"ok": False, "took_effect": "unknown", "error": self.error}
+        return {"ok": False, "error": self.error}
+
+
+class OwnerOutcome(_Frozen):
+    """An outcome the write activity could not record; the workflow records it with retries."""
+
+    key: str
+    owner: str
+    tool: str
+    tool_call_id: str
+    status: Literal["completed", "failed", "indeterminate"]
+    value: Any = None
+    result_reference: str | None = None
+    failure_kind: FailureKind | None = None
+    error: str | None = None
+
+
+class CallRef(_Frozen):
+    key: str
+    tool: str
+    tool_call_id: str
+
+
+class SettleInput(_Frozen):
+    tenant: str
+    signal: ResolveSignal
+
+
+class ReconcileInput(_Frozen):
+    key: str
+    run_id: str
+    tenant: str
+    agent: str
+    tool: str
+    deadline_seconds: float
+    initial_interval_seconds: float
+    max_interval_seconds: float
+    tool_timeout_seconds: float
+    escalation_owner: str | None = None
+
+
+class ReconcileResult(_Frozen):
+    key: str
+    status: Status
+    attempts: int
+    settled_by: str | None = None
+
+
+AgentRunResult.model_rebuild()

@@ -1,0 +1,53 @@
+"""Agents for workflow tests, built in code rather than from a file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onceflow.agents import Agent, AgentConfig, AgentRegistry
+from tests.support.downstream import toolset
+
+CREDIT_SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "lookup_order", "arguments": {"order_id": "{{ input.order_id }}"}}]},
+    {
+        "tool_calls": [
+            {
+                "name": "{{ tool }}",
+                "arguments": {
+                    "account_id": "{{ results.lookup_order.account_id }}",
+                    "amount_cents": "{{ results.lookup_order.amount_cents }}",
+                },
+            }
+        ]
+    },
+    {"final": "credit result: {{ results.TOOL }}"},
+]
+
+
+def credit_agent(name: str, tool: str, on_indeterminate: str = "pause") -> Agent:
+    script = [dict(turn) for turn in CREDIT_SCRIPT]
+    script[1] = {"tool_calls": [{**script[1]["tool_calls"][0], "name": tool}]}
+    script[2] = {"final": "credit result: {{ results.%s }}" % tool}
+    config = AgentConfig.model_validate(
+        {
+            "model": {"provider": "scripted", "script": script},
+            "instructions": "You issue credits for orders.",
+            "toolsets": ["test-billing"],
+            "tool_policy": {
+                "on_indeterminate": on_indeterminate,
+                "reconcile_deadline": "20s",
+                "reconcile_initial_interval": "0.2s",
+                "reconcile_max_interval": "1s",
+            },
+        }
+    )
+    return Agent(name, config, {t.name: t for t in toolset.tools})
+
+
+def support_registry() -> AgentRegistry:
+    agents = [
+        credit_agent("credit-reconciled", "issue_credit", "pause"),
+        credit_agent("credit-pause", "issue_credit_unreconciled", "pause"),
+        credit_agent("credit-fail", "issue_credit_unreconciled", "fail"),
+    ]
+    return AgentRegistry({a.name: a for a in agents})

@@ -1,0 +1,91 @@
+"""An in-process downstream for workflow tests: it counts effects per idempotency key and misbehaves
+on cue. It is the *tool's* far side, not a stand-in for Temporal or PostgreSQL (those are real)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from onceflow import (
+    ReconcileOutcome,
+    ToolContext,
+    ToolNotAttemptedError,
+    ToolRejectedError,
+    Toolset,
+    external,
+    read,
+)
+
+
+@dataclass
+class Downstream:
+    effects: Counter[str] = field(default_factory=Counter)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Per account: "ok", "hang_after_apply", "reject", "locked"
+    modes: dict[str, str] = field(default_factory=dict)
+    read_failures_left: int = 0
+    read_attempts: int = 0
+    send_attempts: int = 0
+    reconcile_calls: int = 0
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    async def credit(self, account_id: str, amount_cents: int, key: str) -> dict[str, Any]:
+        self.send_attempts += 1
+        mode = self.modes.get(account_id, "ok")
+        if mode == "locked":
+            raise ToolNotAttemptedError(f"account {account_id} is locked")
+        if mode == "reject":
+            raise ToolRejectedError(f"account {account_id} is closed")
+        if key not in self.results:  # honours the idempotency key like a payment API
+            self.effects[key] += 1
+            self.results[key] = {
+                "credit_id": f"cr_{len(self.results) + 1}",
+                "account_id": account_id,
+                "amount_cents": amount_cents,
+            }
+        if mode == "hang_after_apply":
+            await asyncio.sleep(3600)
+        return self.results[key]
+
+
+DOWNSTREAM = Downstream()
+toolset = Toolset("test-billing")
+
+
+@toolset.tool(read(timeout=timedelta(seconds=2)))
+async def lookup_order(order_id: str) -> dict[str, Any]:
+    """Look up an order."""
+    DOWNSTREAM.read_attempts += 1
+    if DOWNSTREAM.read_failures_left > 0:
+        DOWNSTREAM.read_failures_left -= 1
+        raise ConnectionError("transient: connection reset")
+    return {"order_id": order_id, "account_id": f"acct_{order_id}", "amount_cents": 1250}
+
+
+async def find_credit(account_id: str, amount_cents: int, context: ToolContext) -> ReconcileOutcome:
+    DOWNSTREAM.reconcile_calls += 1
+    found = DOWNSTREAM.results.get(context.idempotency_key)
+    if found is None:
+        return ReconcileOutcome.failed(looked_up=context.idempotency_key)
+    return ReconcileOutcome.completed(
+        found, result_reference=found["credit_id"], looked_up=context.idempotency_key
+    )
+
+
+@toolset.tool(external(timeout=timedelta(seconds=1)), reconcile=find_credit)
+async def issue_credit(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Credit an account."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
+
+
+@toolset.tool(external(timeout=timedelta(seconds=1)))
+async def issue_credit_unreconciled(
+    account_id: str, amount_cents: int, context: ToolContext
+) -> dict[str, Any]:
+    """Credit an account; no reconcile hook."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)

@@ -1,0 +1,150 @@
+"""Agent runs on a real Temporal dev server and a real PostgreSQL ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.testing import WorkflowEnvironment
+
+from ledger import Ledger, Status
+from onceflow.payloads import Phase, ResolveSignal
+from tests.support.agents import support_registry
+from tests.support.downstream import DOWNSTREAM
+from tests.workflow_harness import Harness, running_worker
+from workflows.agent_run import AgentRunWorkflow
+
+ORDER = json.dumps({"order_id": "o1"})
+
+
+@pytest.fixture
+async def harness(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIterator[Harness]:
+    DOWNSTREAM.reset()
+    async with running_worker(temporal_env.client, ledger, support_registry()) as h:
+        yield h
+
+
+async def wait_for_phase(handle, phase: Phase, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
+    async def poll() -> None:
+        while (await handle.query(AgentRunWorkflow.status)).phase != phase:
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+async def test_write_completes_once_and_the_model_sees_the_result(harness: Harness) -> None:
+    handle = await harness.start("credit-reconciled", ORDER)
+    result = await handle.result()
+    key = f"{handle.id}:call_1_0"
+    assert DOWNSTREAM.effects == {key: 1}
+    record = await harness.ledger.get(key)
+    assert record.status is Status.COMPLETED
+    assert record.result == {"credit_id": "cr_1", "account_id": "acct_o1", "amount_cents": 1250}
+    assert "cr_1" in result.final
+    assert [c.status for c in result.calls] == ["ok", "completed"]
+
+
+async def test_write_timeout_after_apply_is_reconciled_and_run_gets_real_result(harness: Harness) -> None:
+    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+    handle = await harness.start("credit-reconciled", ORDER)
+    result = await asyncio.wait_for(handle.result(), 30)
+    key = f"{handle.id}:call_1_0"
+    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.send_attempts == 1
+    record = await harness.ledger.get(key)
+    assert record.status is Status.COMPLETED
+    assert record.settled_by == "reconciler"
+    assert [e.to_status for e in record.events if e.to_status] == [
+        Status.STARTED,
+        Status.INDETERMINATE,
+        Status.COMPLETED,
+    ]
+    assert "cr_1" in result.final
+
+
+async def test_indeterminate_with_pause_waits_for_a_resolve_signal(harness: Harness) -> None:
+    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+    handle = await harness.start("credit-pause", ORDER)
+    await wait_for_phase(handle, Phase.AWAITING_RECONCILIATION)
+    key = f"{handle.id}:call_1_0"
+    status = await handle.query(AgentRunWorkflow.status)
+    assert [p.key for p in status.pending] == [key]
+    assert (await harness.ledger.get(key)).status is Status.INDETERMINATE
+    await handle.signal(
+        AgentRunWorkflow.resolve,
+        ResolveSignal(
+            key=key,
+            status="completed",
+            reason="saw cr_1 in the billing console",
+            actor="alice",
+            result={"credit_id": "cr_1"},
+        ),
+    )
+    result = await asyncio.wait_for(handle.result(), 20)
+    record = await harness.ledger.get(key)
+    assert record.status is Status.COMPLETED
+    assert record.settled_by == "alice"
+    assert record.reason == "saw cr_1 in the billing console"
+    assert "cr_1" in result.final
+    assert DOWNSTREAM.effects == {key: 1}
+
+
+async def test_indeterminate_with_fail_fails_the_run_naming_the_key(harness: Harness) -> None:
+    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+    handle = await harness.start("credit-fail", ORDER)
+    key = f"{handle.id}:call_1_0"
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), 30)
+    assert key in str(failure.value.cause)
+    assert (await harness.ledger.get(key)).status is Status.INDETERMINATE
+    assert DOWNSTREAM.effects == {key: 1}
+
+
+async def test_two_resolves_at_once_one_wins_and_the_run_resumes_once(harness: Harness) -> None:
+    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+    handle = await harness.start("credit-pause", ORDER)
+    await wait_for_phase(handle, Phase.AWAITING_RECONCILIATION)
+    key = f"{handle.id}:call_1_0"
+    await asyncio.gather(
+        handle.signal(
+            AgentRunWorkflow.resolve,
+            ResolveSignal(key=key, status="completed", reason="operator saw it", actor="alice"),
+        ),
+        handle.signal(
+            AgentRunWorkflow.resolve,
+            ResolveSignal(key=key, status="failed", reason="reconciler found none", actor="reconciler"),
+        ),
+    )
+    result = await asyncio.wait_for(handle.result(), 20)
+    record = await harness.ledger.get(key)
+    settles = [e for e in record.events if e.kind == "settled"]
+    assert len(settles) == 1
+    assert record.settled_by == settles[0].actor
+    # The model heard exactly one answer for the call, and it is the ledger's.
+    assert result.turns == 3
+    assert result.calls[-1].status == record.status.value
+
+
+async def test_read_retried_write_not_retried(harness: Harness) -> None:
+    DOWNSTREAM.read_failures_left = 2
+    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+    handle = await harness.start("credit-fail", ORDER)
+    with pytest.raises(WorkflowFailureError):
+        await asyncio.wait_for(handle.result(), 30)
+    assert DOWNSTREAM.read_attempts == 3
+    assert DOWNSTREAM.send_attempts == 1
+
+
+async def test_refused_before_sending_is_failed_and_the_model_is_told(harness: Harness) -> None:
+    DOWNSTREAM.modes["acct_o1"] = "locked"
+    handle = await harness.start("credit-fail", ORDER)
+    result = await handle.result()
+    key = f"{handle.id}:call_1_0"
+    record = await harness.ledger.get(key)
+    assert record.status is Status.FAILED
+    assert record.failure_kind == "not_attempted"
+    assert DOWNSTREAM.effects == {}
+    assert "locked" in result.final

@@ -1,0 +1,47 @@
+"""A worker per test on a fresh task queue, over the session's real Temporal and a fresh ledger."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
+
+from ledger import Ledger
+from onceflow.agents import AgentRegistry
+from onceflow.client import start_run
+from onceflow.payloads import AgentRunInput, AgentRunResult
+from onceflow.worker import build_worker
+from workflows.agent_run import AgentRunWorkflow
+
+
+@dataclass
+class Harness:
+    client: Client
+    ledger: Ledger
+    task_queue: str
+    worker: Worker
+
+    async def start(
+        self, agent: str, payload: str, *, tenant: str = "acme", run_id: str | None = None
+    ) -> WorkflowHandle[AgentRunWorkflow, AgentRunResult]:
+        return await start_run(
+            self.client,
+            AgentRunInput(agent=agent, tenant=tenant, input=payload),
+            run_id=run_id or f"run-{uuid.uuid4().hex[:10]}",
+            task_queue=self.task_queue,
+        )
+
+
+@asynccontextmanager
+async def running_worker(
+    client: Client, ledger: Ledger, registry: AgentRegistry, **kw: Any
+) -> AsyncIterator[Harness]:
+    task_queue = f"tq-{uuid.uuid4().hex[:10]}"
+    worker = build_worker(client, ledger, registry, task_queue=task_queue, **kw)
+    async with worker:
+        yield Harness(client=client, ledger=ledger, task_queue=task_queue, worker=worker)

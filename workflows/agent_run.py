@@ -1,0 +1,374 @@
+"""AgentRunWorkflow: one agent run. The model proposes tool calls; the ledger decides about writes.
+
+Signals: `resolve(ResolveSignal)`: settle an unknown call (compare-and-set in the ledger) or just
+    re-read it; the run acts only on the ledger's answer.
+Queries: `status() -> RunStatus`: phase, pending calls and their last known ledger status.
+Search attributes: OnceflowPhase, OnceflowTenant, OnceflowAgent, OnceflowUnresolvedKeys.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    WorkflowAlreadyStartedError,
+)
+from temporalio.exceptions import (
+    TimeoutError as TemporalTimeoutError,
+)
+
+with workflow.unsafe.imports_passed_through():
+    from activities.ledger_steps import LedgerActivities
+    from activities.model import ModelActivities
+    from activities.tools import ToolActivities
+    from ledger.status import SETTLED, SideEffect, Status
+    from onceflow.constants import (
+        ACTIVITY_MARGIN,
+        AGENT,
+        ERR_CALL_INDETERMINATE,
+        ERR_LEDGER_UNAVAILABLE,
+        ERR_OUTCOME_NOT_RECORDED,
+        ERR_PAYLOAD_MISMATCH,
+        LEDGER_RETRY,
+        LEDGER_STEP_TIMEOUT,
+        MODEL_RETRY,
+        MODEL_TIMEOUT,
+        PHASE,
+        READ_RETRY,
+        RESERVE_BACKOFF_INITIAL,
+        RESERVE_BACKOFF_MAX,
+        TENANT,
+        UNRESOLVED_KEYS,
+        WRITE_ONCE,
+    )
+    from onceflow.payloads import (
+        AgentRunInput,
+        AgentRunResult,
+        AgentSpec,
+        CallRef,
+        CallSummary,
+        Message,
+        ModelCallInput,
+        OwnerOutcome,
+        Phase,
+        ReconcileInput,
+        ResolveSignal,
+        RunStatus,
+        SettleInput,
+        ToolCall,
+        ToolCallInput,
+        ToolOutcome,
+        ToolSpec,
+    )
+    from workflows.reconcile import ReconcileWorkflow, reconcile_workflow_id
+
+# A write activity that failed in an unexpected way before reserving is run again at most this often.
+_MAX_UNRESERVED_RERUNS = 3
+
+
+@workflow.defn
+class AgentRunWorkflow:
+    def __init__(self) -> None:
+        self._phase = Phase.RUNNING
+        self._tenant = ""
+        self._turns = 0
+        self._calls: dict[str, CallSummary] = {}
+        self._pending: dict[str, CallSummary] = {}
+        self._resolved: dict[str, ToolOutcome] = {}
+        self._last_resolve_error: str | None = None
+
+    @workflow.run
+    async def run(self, run_input: AgentRunInput) -> AgentRunResult:
+        self._tenant = run_input.tenant
+        workflow.upsert_search_attributes(
+            [
+                PHASE.value_set(Phase.RUNNING.value),
+                TENANT.value_set(run_input.tenant),
+                AGENT.value_set(run_input.agent),
+            ]
+        )
+        try:
+            result = await self._converse(run_input)
+        except Exception:
+            self._set_phase(Phase.FAILED)
+            raise
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        self._set_phase(Phase.COMPLETED)
+        return result
+
+    @workflow.signal
+    async def resolve(self, signal: ResolveSignal) -> None:
+        if signal.key not in self._calls_by_key():
+            self._last_resolve_error = f"{signal.key!r} is not a write call of this run"
+            workflow.logger.warning(self._last_resolve_error)
+            return
+        try:
+            outcome = await workflow.execute_activity_method(
+                LedgerActivities.settle_call,
+                SettleInput(tenant=self._tenant, signal=signal),
+                start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+                retry_policy=LEDGER_RETRY,
+                summary=f"resolve {signal.key} ({signal.actor})",
+            )
+        except ActivityError as err:
+            self._last_resolve_error = str(err.cause or err)
+            workflow.logger.warning("resolve of %s refused: %s", signal.key, self._last_resolve_error)
+            return
+        if outcome.status in SETTLED and signal.key in self._pending:
+            self._resolved[signal.key] = outcome
+
+    @workflow.query
+    def status(self) -> RunStatus:
+        return RunStatus(
+            phase=self._phase,
+            turns=self._turns,
+            pending=list(self._pending.values()),
+            calls=list(self._calls.values()),
+            last_resolve_error=self._last_resolve_error,
+        )
+
+    # -- the conversation ---------------------------------------------------------------------------
+
+    async def _converse(self, run_input: AgentRunInput) -> AgentRunResult:
+        spec = await workflow.execute_activity_method(
+            ModelActivities.describe_agent,
+            run_input.agent,
+            start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+            retry_policy=MODEL_RETRY,
+            summary=f"load agent {run_input.agent}",
+        )
+        messages = [Message(role="user", content=run_input.input)]
+        if spec.instructions:
+            messages.insert(0, Message(role="system", content=spec.instructions))
+        for turn in range(1, run_input.max_turns + 1):
+            self._turns = turn
+            answer = await workflow.execute_activity_method(
+                ModelActivities.call_model,
+                ModelCallInput(agent=spec.name, run_id=workflow.info().workflow_id, messages=messages),
+                start_to_close_timeout=MODEL_TIMEOUT,
+                retry_policy=MODEL_RETRY,
+                summary=f"model turn {turn}",
+            )
+            messages.append(
+                Message(role="assistant", content=answer.final or "", tool_calls=answer.tool_calls)
+            )
+            if not answer.tool_calls:
+                return AgentRunResult(
+                    run_id=workflow.info().workflow_id,
+                    final=answer.final or "",
+                    turns=turn,
+                    calls=list(self._calls.values()),
+                )
+            for call in answer.tool_calls:
+                outcome = await self._call_tool(run_input, spec, call)
+                messages.append(
+                    Message(
+                        role="tool",
+                        tool_call_id=call.id,
+                        name=call.name,
+                        content=json.dumps(outcome.for_model(), sort_keys=True),
+                    )
+                )
+        raise ApplicationError(
+            f"no final answer after {run_input.max_turns} model turns",
+            type="TooManyTurns",
+            non_retryable=True,
+        )
+
+    async def _call_tool(self, run_input: AgentRunInput, spec: AgentSpec, call: ToolCall) -> ToolOutcome:
+        tool = spec.tools.get(call.name)
+        tool_input = ToolCallInput(
+            run_id=workflow.info().workflow_id, tenant=run_input.tenant, agent=spec.name, call=call
+        )
+        if tool is None:
+            outcome = ToolOutcome(
+                tool_call_id=call.id,
+                tool=call.name,
+                key=None,
+                status="error",
+                error=f"there is no tool named {call.name!r}; available: {', '.join(sorted(spec.tools))}",
+            )
+        elif tool.side_effect is SideEffect.READ:
+            outcome = await self._call_read(tool, tool_input)
+        else:
+            outcome = await self._call_write(spec, tool, tool_input)
+        self._calls[call.id] = _summary(outcome)
+        return outcome
+
+    async def _call_read(self, tool: ToolSpec, tool_input: ToolCallInput) -> ToolOutcome:
+        call = tool_input.call
+        try:
+            return await workflow.execute_activity_method(
+                ToolActivities.run_read_tool,
+                tool_input,
+                start_to_close_timeout=timedelta(seconds=tool.timeout_seconds) + ACTIVITY_MARGIN,
+                retry_policy=READ_RETRY,
+                summary=f"read {call.name}",
+            )
+        except ActivityError as err:
+            return ToolOutcome(
+                tool_call_id=call.id,
+                tool=call.name,
+                key=None,
+                status="error",
+                error=f"{call.name} failed after {READ_RETRY.maximum_attempts} attempts: {err.cause or err}",
+            )
+
+    # -- writes: the per-call protocol --------------------------------------------------------------
+
+    async def _call_write(self, spec: AgentSpec, tool: ToolSpec, tool_input: ToolCallInput) -> ToolOutcome:
+        call = tool_input.call
+        ref = CallRef(key=f"{tool_input.run_id}:{call.id}", tool=call.name, tool_call_id=call.id)
+        if tool.approval:
+            raise ApplicationError(
+                f"tool {call.name!r} needs approval, which this version of onceflow cannot collect yet",
+                type="ApprovalUnsupported",
+                non_retryable=True,
+            )
+        self._calls[call.id] = CallSummary(
+            tool_call_id=call.id, tool=call.name, key=ref.key, status="started"
+        )
+        outcome = await self._send_once(tool, tool_input, ref)
+        if outcome.status is Status.STARTED:  # another attempt holds it: that is unknown, not failed
+            outcome = await self._inspect(ref) or outcome
+        if outcome.status is Status.INDETERMINATE:
+            outcome = await self._await_resolution(spec, tool, ref, outcome)
+        return outcome
+
+    async def _send_once(self, tool: ToolSpec, tool_input: ToolCallInput, ref: CallRef) -> ToolOutcome:
+        """Run the write activity; if it was lost, let the ledger say what happened."""
+        backoff = RESERVE_BACKOFF_INITIAL
+        unexpected = 0
+        while True:
+            try:
+                return await workflow.execute_activity_method(
+                    ToolActivities.run_write_tool,
+                    tool_input,
+                    start_to_close_timeout=timedelta(seconds=tool.timeout_seconds) + ACTIVITY_MARGIN,
+                    retry_policy=WRITE_ONCE,
+                    summary=f"{ref.tool} {ref.key}",
+                )
+            except ActivityError as err:
+                cause = err.cause
+                kind = cause.type if isinstance(cause, ApplicationError) else None
+                if kind == ERR_LEDGER_UNAVAILABLE:
+                    # Nothing was sent. Retry the reservation, never the tool.
+                    workflow.set_current_details(f"ledger unavailable; will reserve {ref.key} again")
+                    await workflow.sleep(backoff)
+                    backoff = min(backoff * 2, RESERVE_BACKOFF_MAX)
+                    continue
+                if kind == ERR_PAYLOAD_MISMATCH:
+                    raise ApplicationError(str(cause), type=ERR_PAYLOAD_MISMATCH, non_retryable=True) from err
+                if kind == ERR_OUTCOME_NOT_RECORDED and isinstance(cause, ApplicationError):
+                    return await workflow.execute_activity_method(
+                        LedgerActivities.record_outcome,
+                        OwnerOutcome.model_validate(cause.details[0]),
+                        start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+                        retry_policy=LEDGER_RETRY,
+                        summary=f"record outcome {ref.key}",
+                    )
+                found = await self._inspect(ref)
+                if found is not None:
+                    return found
+                # No row: nothing was reserved, so nothing was sent; it is safe to run it.
+                if not isinstance(cause, TemporalTimeoutError):
+                    unexpected += 1
+                    if unexpected > _MAX_UNRESERVED_RERUNS:
+                        raise ApplicationError(
+                            f"write {ref.key} failed before reserving, {unexpected} times: {cause}",
+                            type="WriteActivityBroken",
+                            non_retryable=True,
+                        ) from err
+
+    async def _inspect(self, ref: CallRef) -> ToolOutcome | None:
+        return await workflow.execute_activity_method(
+            LedgerActivities.inspect_call,
+            ref,
+            start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+            summary=f"inspect {ref.key}",
+        )
+
+    async def _await_resolution(
+        self, spec: AgentSpec, tool: ToolSpec, ref: CallRef, outcome: ToolOutcome
+    ) -> ToolOutcome:
+        """Unknown: raise it, start reconciling, then pause for the ledger's answer or fail the run."""
+        self._pending[ref.key] = _summary(outcome)
+        self._calls[ref.tool_call_id] = _summary(outcome)
+        self._publish_unresolved()
+        await self._start_reconcile(spec, tool, ref)
+        if spec.policy.on_indeterminate == "fail":
+            raise ApplicationError(
+                f"tool call {ref.key} ({ref.tool}) is indeterminate: {outcome.error}. "
+                "The run stops here (on_indeterminate: fail); the call stays in the ledger for "
+                "a reconcile hook or an operator to settle.",
+                type=ERR_CALL_INDETERMINATE,
+                non_retryable=True,
+            )
+        self._set_phase(Phase.AWAITING_RECONCILIATION)
+        workflow.set_current_details(
+            f"Waiting for {ref.key} ({ref.tool}) to be settled by its reconcile hook or an operator "
+            "(send a `resolve` signal)."
+        )
+        await workflow.wait_condition(lambda: ref.key in self._resolved)
+        resolved = self._resolved.pop(ref.key)
+        del self._pending[ref.key]
+        self._publish_unresolved()
+        if not self._pending:
+            self._set_phase(Phase.RUNNING)
+            workflow.set_current_details("")
+        return resolved
+
+    async def _start_reconcile(self, spec: AgentSpec, tool: ToolSpec, ref: CallRef) -> None:
+        policy = spec.policy
+        try:
+            await workflow.start_child_workflow(
+                ReconcileWorkflow.run,
+                ReconcileInput(
+                    key=ref.key,
+                    run_id=workflow.info().workflow_id,
+                    tenant=self._tenant,
+                    agent=spec.name,
+                    tool=ref.tool,
+                    deadline_seconds=policy.reconcile_deadline_seconds,
+                    initial_interval_seconds=policy.reconcile_initial_interval_seconds,
+                    max_interval_seconds=policy.reconcile_max_interval_seconds,
+                    tool_timeout_seconds=tool.timeout_seconds,
+                    escalation_owner=policy.escalation_owner,
+                ),
+                id=reconcile_workflow_id(ref.key),
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                static_summary=f"reconcile {ref.tool} {ref.key}",
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # one reconciler per call, however often the run gets here
+
+    # -- what the Temporal UI shows -----------------------------------------------------------------
+
+    def _set_phase(self, phase: Phase) -> None:
+        self._phase = phase
+        workflow.upsert_search_attributes([PHASE.value_set(phase.value)])
+
+    def _publish_unresolved(self) -> None:
+        keys = sorted(self._pending)
+        workflow.upsert_search_attributes(
+            [UNRESOLVED_KEYS.value_set(keys) if keys else UNRESOLVED_KEYS.value_unset()]
+        )
+
+    def _calls_by_key(self) -> dict[str, CallSummary]:
+        return {c.key: c for c in self._calls.values() if c.key}
+
+
+def _summary(outcome: ToolOutcome) -> CallSummary:
+    status = outcome.status.value if isinstance(outcome.status, Status) else outcome.status
+    return CallSummary(
+        tool_call_id=outcome.tool_call_id,
+        tool=outcome.tool,
+        key=outcome.key,
+        status=status,
+        detail=outcome.error,
+    )

@@ -1,0 +1,64 @@
+"""ReconcileWorkflow: settle one unknown call by asking the tool's reconcile hook, on a backoff.
+
+Started by the run (id `reconcile:<key>`, so at most one per call) and left running if the run ends.
+Each round reads the ledger first: if anyone has settled the call meanwhile, it stops. At the
+deadline it stops without changing the outcome. A settled outcome is passed to the run as a
+`resolve` signal; the run then reads the ledger itself.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.reconcile import ReconcileActivities
+    from ledger.status import Status
+    from onceflow.constants import ACTIVITY_MARGIN, READ_RETRY
+    from onceflow.payloads import ReconcileInput, ReconcileResult, ResolveSignal, ToolOutcome
+
+
+def reconcile_workflow_id(key: str) -> str:
+    return f"reconcile:{key}"
+
+
+@workflow.defn
+class ReconcileWorkflow:
+    @workflow.run
+    async def run(self, request: ReconcileInput) -> ReconcileResult:
+        deadline = workflow.now() + timedelta(seconds=request.deadline_seconds)
+        interval = timedelta(seconds=request.initial_interval_seconds)
+        longest = timedelta(seconds=request.max_interval_seconds)
+        attempts = 0
+        while True:
+            attempts += 1
+            workflow.set_current_details(f"round {attempts}: asking {request.tool}'s reconcile hook")
+            try:
+                outcome: ToolOutcome | None = await workflow.execute_activity_method(
+                    ReconcileActivities.reconcile_call,
+                    request,
+                    start_to_close_timeout=timedelta(seconds=request.tool_timeout_seconds) + ACTIVITY_MARGIN,
+                    retry_policy=READ_RETRY,
+                    summary=f"reconcile {request.tool} {request.key}",
+                )
+            except ActivityError as err:
+                workflow.logger.warning("reconcile round %d for %s failed: %s", attempts, request.key, err)
+                outcome = None
+            if outcome is not None and outcome.status is not Status.INDETERMINATE:
+                await self._tell_run(request)
+                return ReconcileResult(key=request.key, status=Status(outcome.status), attempts=attempts)
+            remaining = deadline - workflow.now()
+            if remaining <= timedelta(0):
+                workflow.set_current_details(f"deadline passed; {request.key} is still indeterminate")
+                return ReconcileResult(key=request.key, status=Status.INDETERMINATE, attempts=attempts)
+            await workflow.sleep(min(interval, remaining))
+            interval = min(interval * 2, longest)
+
+    async def _tell_run(self, request: ReconcileInput) -> None:
+        handle = workflow.get_external_workflow_handle(request.run_id)
+        try:
+            await handle.signal("resolve", ResolveSignal(key=request.key, actor="reconciler"))
+        except Exception as err:  # the run may have ended; the ledger already holds the answer
+            workflow.logger.info("run %s was not told about %s: %s", request.run_id, request.key, err)

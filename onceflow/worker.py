@@ -81,3 +81,7 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     asyncio.run(run_worker(Settings.from_env()))
+
+
+if __name__ == "__main__":
+    main()

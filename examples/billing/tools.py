@@ -1,0 +1,84 @@
+"""The billing toolset: what the `billing-assistant` agent may do, declared with its side effects.
+
+- `lookup_order` reads; it is retried.
+- `issue_credit` moves money: one attempt, the ledger key sent as the Idempotency-Key, a reconcile
+  hook (`find_credit`) for when the answer is lost, and a compensation (`void_credit`) that runs only
+  when an operator asks.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from examples.billing.client import (
+    BillingClient,
+    BillingConflict,
+    BillingLocked,
+    BillingRejected,
+)
+from onceflow import (
+    ReconcileOutcome,
+    ToolContext,
+    ToolExecutionRecord,
+    ToolNotAttemptedError,
+    ToolRejectedError,
+    Toolset,
+    external,
+    read,
+)
+from onceflow.config import env
+
+CREDIT_TIMEOUT = timedelta(seconds=3)
+
+billing = Toolset("billing")
+
+
+def _client(timeout: float = 10.0) -> BillingClient:
+    return BillingClient(env("ONCEFLOW_BILLING_URL"), timeout=timeout)
+
+
+@billing.tool(read(timeout=timedelta(seconds=5)))
+async def lookup_order(order_id: str) -> dict[str, Any]:
+    """Look up an order: its account, amount and status."""
+    async with _client() as client:
+        order = await client.get_order(order_id)
+    return order.model_dump(mode="json")
+
+
+async def find_credit(account_id: str, amount_cents: int, context: ToolContext) -> ReconcileOutcome:
+    """Did the credit for this call land? Fencing the key makes a "no" permanent, hence trustworthy."""
+    async with _client() as client:
+        credit = await client.fence_key(context.idempotency_key)
+    if credit is None:
+        return ReconcileOutcome.failed(source="billing fence", idempotency_key=context.idempotency_key)
+    return ReconcileOutcome.completed(
+        credit, result_reference=credit["credit_id"], source="billing lookup by idempotency key"
+    )
+
+
+async def void_credit(record: ToolExecutionRecord, context: ToolContext) -> dict[str, Any]:
+    """Undo a credit. Runs only when an operator asks for compensation."""
+    credit_id = (record.result or {}).get("credit_id")
+    if not credit_id:
+        raise ToolNotAttemptedError(f"{record.key} has no credit id to void")
+    async with _client() as client:
+        voided = await client.void_credit(credit_id, idempotency_key=context.idempotency_key)
+    return voided.model_dump(mode="json")
+
+
+@billing.tool(external(timeout=CREDIT_TIMEOUT), reconcile=find_credit, compensation=void_credit)
+async def issue_credit(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Credit an account, in cents. Sent once, with the call's idempotency key."""
+    if amount_cents <= 0:
+        raise ToolNotAttemptedError("a credit must be a positive number of cents")
+    # The HTTP timeout is a little longer than the tool's: onceflow's own timeout decides.
+    async with _client(timeout=CREDIT_TIMEOUT.total_seconds() + 1) as client:
+        try:
+            credit = await client.credit(account_id, amount_cents, idempotency_key=context.idempotency_key)
+        except BillingLocked as exc:
+            # The service refused at the door; nothing was processed and it may be tried again later.
+            raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
+        except (BillingRejected, BillingConflict) as exc:
+            raise ToolRejectedError(exc.detail) from exc
+    return credit.model_dump(mode="json")

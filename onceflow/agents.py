@@ -99,12 +99,22 @@ class AgentsFile(BaseModel):
 
 
 class Agent:
-    """One configured agent with its tools resolved."""
+    """One configured agent with its tools resolved.
 
-    def __init__(self, name: str, config: AgentConfig, tools: dict[str, Tool]) -> None:
+    `model`, when given, is the model this agent talks to instead of the one its config describes:
+    for agents built in code around a model of their own (tests, embedding applications).
+    """
+
+    def __init__(
+        self, name: str, config: AgentConfig, tools: dict[str, Tool], *, model: Model | None = None
+    ) -> None:
         self.name = name
         self.config = config
         self.tools = tools
+        self._model = model
+
+    def build_model(self) -> Model:
+        return self._model if self._model is not None else self.config.model.build()
 
     def spec(self) -> AgentSpec:
         policy = self.config.tool_policy

@@ -6,6 +6,7 @@ from typing import Any
 
 from onceflow.agents import Agent, AgentConfig, AgentRegistry
 from tests.support.downstream import toolset
+from tests.support.models import FlakyModel
 
 CREDIT_SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "lookup_order", "arguments": {"order_id": "{{ input.order_id }}"}}]},
@@ -27,7 +28,7 @@ CREDIT_SCRIPT: list[dict[str, Any]] = [
 def credit_agent(name: str, tool: str, on_indeterminate: str = "pause") -> Agent:
     script = [dict(turn) for turn in CREDIT_SCRIPT]
     script[1] = {"tool_calls": [{**script[1]["tool_calls"][0], "name": tool}]}
-    script[2] = {"final": "credit result: {{ results.%s }}" % tool}
+    script[2] = {"final": "credit result: {{ results." + tool + " }}"}
     config = AgentConfig.model_validate(
         {
             "model": {"provider": "scripted", "script": script},
@@ -42,6 +43,13 @@ def credit_agent(name: str, tool: str, on_indeterminate: str = "pause") -> Agent
         }
     )
     return Agent(name, config, {t.name: t for t in toolset.tools})
+
+
+def flaky_model_agent(name: str, failures: int) -> tuple[Agent, FlakyModel]:
+    """The credit agent, talking to a model whose first `failures` calls fail."""
+    agent = credit_agent(name, "issue_credit")
+    model = FlakyModel(agent.config.model.script, failures)
+    return Agent(name, agent.config, agent.tools, model=model), model
 
 
 def support_registry() -> AgentRegistry:

@@ -82,3 +82,12 @@ async def issue_credit(account_id: str, amount_cents: int, context: ToolContext)
         except (BillingRejected, BillingConflict) as exc:
             raise ToolRejectedError(exc.detail) from exc
     return credit.model_dump(mode="json")
+
+
+# The same tools without a reconcile hook: an unknown credit waits for a person. The README's
+# "settle it yourself" walk-through uses this through the `billing-assistant-manual` agent.
+billing_manual = Toolset("billing-manual")
+billing_manual.tool(read(timeout=timedelta(seconds=5)), name="lookup_order")(lookup_order.fn)
+billing_manual.tool(external(timeout=CREDIT_TIMEOUT), name="issue_credit", compensation=void_credit)(
+    issue_credit.fn
+)

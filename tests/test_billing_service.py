@@ -1,0 +1,249 @@
+"""The example billing service, served for real by uvicorn on loopback and driven through its client."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from examples.billing.client import (
+    BillingBadRequest,
+    BillingClient,
+    BillingConflict,
+    BillingError,
+    BillingLocked,
+    BillingNotFound,
+    BillingRejected,
+    BillingUnavailable,
+)
+from examples.billing.models import FaultMode
+from examples.billing.service import create_app
+from examples.billing.serving import BackgroundServer
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BackgroundServer]:
+    with BackgroundServer(create_app(), shutdown_grace=1.0) as running:
+        yield running
+
+
+@pytest.fixture
+async def billing(server: BackgroundServer) -> AsyncIterator[BillingClient]:
+    async with BillingClient(server.base_url, timeout=5.0) as client:
+        await client.clear_faults()
+        yield client
+
+
+def new_key() -> str:
+    # Shaped like onceflow's keys (<run_id>:<tool_call_id>), with a slash to exercise URL quoting.
+    return f"run-{uuid.uuid4().hex[:8]}:call/{uuid.uuid4().hex[:8]}"
+
+
+def new_account() -> str:
+    return f"acct_{uuid.uuid4().hex[:10]}"
+
+
+async def test_health_and_seeded_orders(billing: BillingClient) -> None:
+    assert await billing.health()
+    order = await billing.get_order("ord_42")
+    assert order == await billing.get_order("ord_42")
+    assert order.account_id == "acct_42"
+    assert 1000 <= order.amount_cents < 10000
+    assert order.currency == "USD"
+    with pytest.raises(BillingNotFound):
+        await billing.get_order("order-42")
+
+
+async def test_same_key_replays_the_first_answer(billing: BillingClient, server: BackgroundServer) -> None:
+    key, account = new_key(), new_account()
+    first = await billing.credit(account, 1500, idempotency_key=key, memo="refund")
+    again = await billing.credit(account, 1500, idempotency_key=key, memo="refund")
+    assert again == first
+    assert first.status == "applied" and first.idempotency_key == key
+
+    async with httpx.AsyncClient(base_url=server.base_url) as http:
+        body = {"account_id": account, "amount_cents": 1500, "memo": "refund"}
+        response = await http.post("/credits", json=body, headers={"Idempotency-Key": key})
+    assert response.status_code == 201
+    assert response.headers["Idempotent-Replayed"] == "true"
+    assert response.json()["credit_id"] == first.credit_id
+
+    effects = await billing.effects()
+    assert effects.count(key) == 1
+    assert effects.total == sum(effects.effects.values())
+
+
+async def test_same_key_with_another_body_conflicts(billing: BillingClient) -> None:
+    key, account = new_key(), new_account()
+    await billing.credit(account, 1500, idempotency_key=key)
+    with pytest.raises(BillingConflict) as caught:
+        await billing.credit(account, 9999, idempotency_key=key)
+    assert caught.value.status_code == 409
+    assert {"type", "title", "detail"} <= caught.value.problem.keys()
+    assert (await billing.effects()).count(key) == 1
+
+
+async def test_find_credit_by_key(billing: BillingClient) -> None:
+    key = new_key()
+    assert await billing.find_credit(key) is None
+    credit = await billing.credit(new_account(), 700, idempotency_key=key)
+    found = await billing.find_credit(key)
+    assert found is not None
+    assert found["credit_id"] == credit.credit_id and found["status"] == "applied"
+
+
+async def test_void_is_idempotent(billing: BillingClient) -> None:
+    key = new_key()
+    credit = await billing.credit(new_account(), 700, idempotency_key=key)
+    voided = await billing.void_credit(credit.credit_id, idempotency_key=f"void:{key}")
+    assert voided.status == "voided" and voided.voided_at is not None
+    assert await billing.void_credit(credit.credit_id, idempotency_key=f"void:{key}") == voided
+    found = await billing.find_credit(key)
+    assert found is not None and found["status"] == "voided"
+    effect = await billing.effect(key)
+    assert (effect.applied, effect.voided) == (1, True)
+    with pytest.raises(BillingNotFound):
+        await billing.void_credit("cr_missing", idempotency_key="void:missing")
+
+
+async def test_bad_requests_are_400_and_apply_nothing(
+    server: BackgroundServer, billing: BillingClient
+) -> None:
+    account = new_account()
+    async with httpx.AsyncClient(base_url=server.base_url) as http:
+        response = await http.post("/credits", json={"account_id": account, "amount_cents": 100})
+    assert response.status_code == 400
+    assert response.headers["content-type"] == "application/problem+json"
+    key = new_key()
+    with pytest.raises(BillingBadRequest):
+        await billing.credit(account, 0, idempotency_key=key)
+    with pytest.raises(BillingBadRequest):
+        await billing.credit(account, 100, idempotency_key=key, fault="no_such_mode")
+    assert (await billing.effect(key)).applied == 0
+
+
+async def test_apply_then_hang_times_out_after_the_effect(
+    server: BackgroundServer, billing: BillingClient
+) -> None:
+    key, account = new_key(), new_account()
+    async with BillingClient(server.base_url, timeout=0.2) as impatient:
+        with pytest.raises(httpx.TimeoutException):
+            await impatient.credit(
+                account, 1200, idempotency_key=key, fault=FaultMode.APPLY_THEN_HANG, fault_delay=0.5
+            )
+    # The caller saw nothing, yet the money moved: exactly what a reconcile hook must find.
+    assert (await billing.effects()).count(key) == 1
+    found = await billing.find_credit(key)
+    assert found is not None
+    # A replay is answered from the record at once (no fault, no second effect).
+    assert (await billing.credit(account, 1200, idempotency_key=key)).credit_id == found["credit_id"]
+    assert (await billing.effects()).count(key) == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [
+        (FaultMode.REJECT, BillingRejected),
+        (FaultMode.LOCKED, BillingLocked),
+        (FaultMode.FAIL_BEFORE_APPLY, BillingUnavailable),
+    ],
+)
+async def test_definite_failures_apply_nothing(
+    billing: BillingClient, mode: FaultMode, error: type[BillingError]
+) -> None:
+    key, account = new_key(), new_account()
+    with pytest.raises(error) as caught:
+        await billing.credit(account, 300, idempotency_key=key, fault=mode)
+    assert caught.value.status_code == {"reject": 422, "locked": 423, "fail_before_apply": 503}[mode]
+    assert (await billing.effects()).count(key) == 0
+    assert await billing.find_credit(key) is None
+    # A refused key is not burnt: once healthy, the same key applies (once).
+    await billing.credit(account, 300, idempotency_key=key)
+    assert (await billing.effects()).count(key) == 1
+
+
+async def test_reject_carries_its_detail(billing: BillingClient) -> None:
+    account = new_account()
+    await billing.set_account_fault(account, FaultMode.REJECT, detail="insufficient funds")
+    with pytest.raises(BillingRejected) as caught:
+        await billing.credit(account, 300, idempotency_key=new_key())
+    assert caught.value.detail == "insufficient funds"
+    assert caught.value.problem["type"].endswith("/rejected")
+
+
+async def test_slow_answers_late_but_normally(billing: BillingClient) -> None:
+    key = new_key()
+    started = time.monotonic()
+    credit = await billing.credit(new_account(), 400, idempotency_key=key, fault="slow", fault_delay=0.3)
+    assert time.monotonic() - started >= 0.3
+    assert credit.status == "applied"
+    assert (await billing.effects()).count(key) == 1
+
+
+async def test_drop_closes_the_connection_after_the_effect(billing: BillingClient) -> None:
+    key = new_key()
+    with pytest.raises(httpx.RemoteProtocolError):
+        await billing.credit(new_account(), 400, idempotency_key=key, fault=FaultMode.DROP)
+    assert (await billing.effects()).count(key) == 1
+    assert await billing.find_credit(key) is not None
+
+
+async def test_replay_ignores_faults(billing: BillingClient) -> None:
+    key, account = new_key(), new_account()
+    first = await billing.credit(account, 400, idempotency_key=key)
+    await billing.set_account_fault(account, FaultMode.LOCKED)
+    assert await billing.credit(account, 400, idempotency_key=key, fault="reject") == first
+    assert await billing.credit(account, 400, idempotency_key=key) == first
+    assert (await billing.effects()).count(key) == 1
+
+
+async def test_account_fault_with_times_affects_only_the_first_request(billing: BillingClient) -> None:
+    account, other = new_account(), new_account()
+    await billing.set_account_fault(account, FaultMode.LOCKED, times=1)
+    await billing.credit(other, 100, idempotency_key=new_key())  # other accounts are untouched
+    with pytest.raises(BillingLocked):
+        await billing.credit(account, 100, idempotency_key=new_key())
+    key = new_key()
+    await billing.credit(account, 100, idempotency_key=key)
+    assert (await billing.effects()).count(key) == 1
+
+
+async def test_clearing_account_faults(billing: BillingClient) -> None:
+    account = new_account()
+    await billing.set_account_fault(account, FaultMode.FAIL_BEFORE_APPLY)
+    for _ in range(2):  # no `times`: it lasts until cleared
+        with pytest.raises(BillingUnavailable):
+            await billing.credit(account, 100, idempotency_key=new_key())
+    await billing.clear_account_fault(account)
+    await billing.credit(account, 100, idempotency_key=new_key())
+
+
+async def test_credits_survive_a_restart(tmp_path: Path) -> None:
+    db = str(tmp_path / "billing.sqlite3")
+    key, account = new_key(), new_account()
+    with BackgroundServer(create_app(db)) as first_run:
+        async with BillingClient(first_run.base_url, timeout=5.0) as client:
+            credit = await client.credit(account, 2500, idempotency_key=key)
+    with BackgroundServer(create_app(db)) as second_run:
+        async with BillingClient(second_run.base_url, timeout=5.0) as client:
+            found = await client.find_credit(key)
+            assert found is not None and found["credit_id"] == credit.credit_id
+            assert await client.credit(account, 2500, idempotency_key=key) == credit
+            assert (await client.effects()).count(key) == 1
+
+
+async def test_fenced_key_can_never_apply_afterwards(billing: BillingClient) -> None:
+    assert await billing.fence_key("run-f:call_1") is None
+    with pytest.raises(BillingConflict):
+        await billing.credit("acct_f", 100, idempotency_key="run-f:call_1")
+    assert (await billing.effects()).count("run-f:call_1") == 0
+
+
+async def test_fencing_a_key_that_applied_returns_the_credit(billing: BillingClient) -> None:
+    credit = await billing.credit("acct_g", 100, idempotency_key="run-g:call_1")
+    found = await billing.fence_key("run-g:call_1")
+    assert found is not None and found["credit_id"] == credit.credit_id

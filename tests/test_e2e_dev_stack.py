@@ -1,0 +1,172 @@
+"""End to end: `onceflow dev` as a user runs it, and the README's walk-through against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_e2e_demo import free_port
+
+BIN = Path(sys.executable).parent
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture
+def dev_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
+    ports = {"temporal": free_port(), "ui": free_port(), "billing": free_port()}
+    data_dir = tmp_path / "stack"
+    env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "ONCEFLOW_DATABASE_URL")}
+    command = [
+        str(BIN / "onceflow"),
+        "dev",
+        "--data-dir",
+        str(data_dir),
+        "--temporal-port",
+        str(ports["temporal"]),
+        "--ui-port",
+        str(ports["ui"]),
+        "--billing-port",
+        str(ports["billing"]),
+    ]
+    log_path = tmp_path / "dev.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    stack_file = data_dir / "stack.json"
+    deadline = time.monotonic() + 90
+    while not stack_file.exists():
+        assert process.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, "onceflow dev did not come up"
+        time.sleep(0.2)
+    info = json.loads(stack_file.read_text())
+    yield {
+        **env,
+        "TEMPORAL_ADDRESS": info["temporal_address"],
+        "ONCEFLOW_DATABASE_URL": info["database_url"],
+        "ONCEFLOW_BILLING_URL": info["billing_url"],
+        "DATA_DIR": str(data_dir),
+        "COMMAND": json.dumps(command),
+        "PID": str(process.pid),
+    }
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+
+
+def readme_block(after: str, language: str) -> str:
+    text = README.read_text()
+    start = text.index(after)
+    match = re.compile(rf"```{language}\n(.*?)```", re.S).search(text, start)
+    assert match, f"no {language} block after {after!r}"
+    return match.group(1)
+
+
+def test_readme_walkthrough_against_onceflow_dev(dev_stack: dict[str, str]) -> None:
+    env = dev_stack
+    # A second `onceflow dev` on the same folder says so instead of fighting over ports.
+    second = subprocess.run(json.loads(env["COMMAND"]), capture_output=True, text=True, timeout=60, env=env)
+    assert second.returncode == 1
+    assert "already running" in second.stderr
+
+    # The README's client snippet, as written, against the running stack.
+    snippet = readme_block("## Start a run from client code", "python")
+    ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60, env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert "credit_id" in ran.stdout
+
+    # Settle an unknown call yourself: the README's fault, run and `temporal workflow signal`.
+    billing = env["ONCEFLOW_BILLING_URL"]
+    httpx.put(
+        f"{billing}/faults/accounts/acct_1001", json={"mode": "apply_then_hang", "times": 1}
+    ).raise_for_status()
+    start = subprocess.run(
+        [
+            str(BIN / "onceflow"),
+            "run",
+            "start",
+            "--agent",
+            "billing-assistant-manual",
+            "--tenant",
+            "acme",
+            "--input",
+            '{"order_id": "ord_1001"}',
+            "--run-id",
+            "refund-1001",
+            "--data-dir",
+            env["DATA_DIR"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert start.returncode == 0, start.stderr
+    describe = [
+        str(BIN / "temporal"),
+        "workflow",
+        "query",
+        "--workflow-id",
+        "refund-1001",
+        "--name",
+        "status",
+        "--address",
+        env["TEMPORAL_ADDRESS"],
+        "--output",
+        "json",
+    ]
+    deadline = time.monotonic() + 30
+    while (
+        '"awaiting_reconciliation"'
+        not in subprocess.run(describe, capture_output=True, text=True, env=env).stdout
+    ):
+        assert time.monotonic() < deadline, "the run never paused for reconciliation"
+        time.sleep(0.5)
+    assert httpx.get(f"{billing}/credits/by-key/refund-1001:call_1_0").status_code == 200
+
+    signal_line = next(
+        line
+        for line in readme_block("Check the billing service", "sh").splitlines()
+        if "workflow signal" in line
+    )
+    command = (
+        signal_line.replace(".venv/bin/temporal", str(BIN / "temporal"))
+        + f" --address {env['TEMPORAL_ADDRESS']}"
+    )
+    sent = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=30, env=env)
+    assert sent.returncode == 0, sent.stderr
+    result = subprocess.run(
+        [
+            str(BIN / "temporal"),
+            "workflow",
+            "result",
+            "--workflow-id",
+            "refund-1001",
+            "--address",
+            env["TEMPORAL_ADDRESS"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    effects = httpx.get(f"{billing}/effects/refund-1001:call_1_0").json()
+    assert effects["applied"] == 1
+
+    # Ctrl-C stops everything `onceflow dev` started.
+    os.kill(int(env["PID"]), signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while Path(env["DATA_DIR"], "stack.json").exists():
+        assert time.monotonic() < deadline, "onceflow dev did not stop on Ctrl-C"
+        time.sleep(0.2)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{billing}/health", timeout=2)

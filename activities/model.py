@@ -17,7 +17,7 @@ class ModelActivities:
 
     def _model(self, agent: str) -> Model:
         if agent not in self._models:
-            self._models[agent] = self.registry.agent(agent).config.model.build()
+            self._models[agent] = self.registry.agent(agent).build_model()
         return self._models[agent]
 
     @activity.defn(name="describe_agent")

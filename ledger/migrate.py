@@ -36,8 +36,8 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
-async def migrate(dsn_or_conn: str | asyncpg.Connection) -> int:
-    """Bring the schema up to date; returns the version it is at afterwards."""
+async def migrate(dsn_or_conn: str | asyncpg.Connection, *, directory: Path = MIGRATIONS_DIR) -> int:
+    """Bring the schema up to date with the migrations in `directory`; returns the version after."""
     conn = await asyncpg.connect(dsn_or_conn) if isinstance(dsn_or_conn, str) else dsn_or_conn
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_ID)
@@ -51,7 +51,7 @@ async def migrate(dsn_or_conn: str | asyncpg.Connection) -> int:
                 "INSERT INTO onceflow_schema_version (version) VALUES (0) ON CONFLICT DO NOTHING"
             )
             current: int = await conn.fetchval("SELECT version FROM onceflow_schema_version")
-            for migration in discover():
+            for migration in discover(directory):
                 if migration.version <= current:
                     continue
                 async with conn.transaction():

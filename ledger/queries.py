@@ -89,7 +89,7 @@ RETURNING *
 
 SET_INDETERMINATE = """
 UPDATE tool_executions
-   SET status = 'indeterminate', error = $3, updated_at = clock_timestamp()
+   SET status = 'indeterminate', error = $2, updated_at = clock_timestamp()
  WHERE key = $1 AND status = 'started'
 RETURNING *
 """

@@ -88,6 +88,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError(f"malformed cursor {cursor!r}") from exc
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release a connection to the pool without asyncpg's reset query (one round trip per call).
+
+    The ledger never changes session state (no SET, LISTEN, cursors or advisory locks), and asyncpg
+    still rolls back a transaction left open before calling this.
+    """
+
+
 class Ledger:
     """The tool-execution ledger. Create with `await Ledger.connect(dsn)`; close with `close()`."""
 
@@ -97,7 +105,7 @@ class Ledger:
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Ledger:
         try:
-            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, reset=_keep_session)
         except _UNAVAILABLE as exc:
             raise LedgerUnavailableError(f"cannot reach the ledger database: {exc}") from exc
         return cls(pool)
@@ -109,11 +117,19 @@ class Ledger:
     async def _connection(self, operation: str, **attributes: Any) -> AsyncIterator[Any]:
         span_attributes = {f"onceflow.{k}": str(v) for k, v in attributes.items() if v is not None}
         with _tracer.start_as_current_span(f"ledger.{operation}", attributes=span_attributes):
+            connected = False
             try:
                 async with self._pool.acquire() as conn:
+                    connected = True
                     yield conn
             except _UNAVAILABLE as exc:
                 raise LedgerUnavailableError(f"ledger {operation} failed: {exc}") from exc
+            except asyncpg.PostgresError as exc:
+                if connected:
+                    raise
+                # Refused while connecting ("not currently accepting connections", "too many
+                # clients"...): no statement ran, so this is the database being away, nothing more.
+                raise LedgerUnavailableError(f"ledger {operation} failed to connect: {exc}") from exc
 
     @staticmethod
     def _annotate(record: ToolExecutionRecord, outcome: str | None = None) -> None:
@@ -161,25 +177,25 @@ class Ledger:
                 self._annotate(record, outcome)
                 return ReserveResult(outcome=outcome, record=record)
             existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
-        if existing is None:  # pragma: no cover - rows are never deleted while a key is live
-            raise RecordNotFoundError(call.key)
-        record = to_record(existing)
-        if record.payload_sha256 != payload.sha256:
-            await self._append_event(
-                call.key,
-                actor=owner,
-                kind="payload_mismatch_refused",
-                detail={"offered_sha256": payload.sha256, "offered": payload.value},
-            )
-            raise PayloadMismatchError(call.key, record.payload_sha256, payload.sha256)
-        outcome = {
-            Status.COMPLETED: Reservation.COMPLETED,
-            Status.STARTED: Reservation.IN_FLIGHT,
-            Status.INDETERMINATE: Reservation.IN_FLIGHT,
-            Status.AWAITING_APPROVAL: Reservation.AWAITING_APPROVAL,
-        }.get(record.status, Reservation.SETTLED)
-        self._annotate(record, outcome)
-        return ReserveResult(outcome=outcome, record=record)
+            if existing is None:  # pragma: no cover - rows are never deleted while a key is live
+                raise RecordNotFoundError(call.key)
+            record = to_record(existing)
+            if record.payload_sha256 == payload.sha256:
+                outcome = {
+                    Status.COMPLETED: Reservation.COMPLETED,
+                    Status.STARTED: Reservation.IN_FLIGHT,
+                    Status.INDETERMINATE: Reservation.IN_FLIGHT,
+                    Status.AWAITING_APPROVAL: Reservation.AWAITING_APPROVAL,
+                }.get(record.status, Reservation.SETTLED)
+                self._annotate(record, outcome)
+                return ReserveResult(outcome=outcome, record=record)
+        await self._append_event(
+            call.key,
+            actor=owner,
+            kind="payload_mismatch_refused",
+            detail={"offered_sha256": payload.sha256, "offered": payload.value},
+        )
+        raise PayloadMismatchError(call.key, record.payload_sha256, payload.sha256)
 
     # -- outcomes from the owner -----------------------------------------------------------------
 
@@ -189,10 +205,10 @@ class Ledger:
         """The owner reports success. Anyone else's report, or a late one, is logged and ignored."""
         async with self._connection("complete", key=key) as conn:
             row = await conn.fetchrow(queries.COMPLETE_STARTED, key, owner, _json(result), result_reference)
-        if row is not None:
-            record = to_record(row)
-            self._annotate(record)
-            return record
+            if row is not None:
+                record = to_record(row)
+                self._annotate(record)
+                return record
         return await self._late_owner_outcome(
             key,
             owner=owner,
@@ -205,10 +221,10 @@ class Ledger:
         """The owner reports that the call did not take effect: not attempted, or rejected."""
         async with self._connection("fail", key=key) as conn:
             row = await conn.fetchrow(queries.FAIL_STARTED, key, owner, kind.value, error)
-        if row is not None:
-            record = to_record(row)
-            self._annotate(record)
-            return record
+            if row is not None:
+                record = to_record(row)
+                self._annotate(record)
+                return record
         return await self._late_owner_outcome(
             key, owner=owner, to=Status.FAILED, failure_kind=kind, error=error
         )
@@ -323,8 +339,8 @@ class Ledger:
                 None,
                 None,
             )
-        record = to_record(row)
-        self._annotate(record)
+            record = to_record(row)
+            self._annotate(record)
         return record
 
     # -- settling what nobody knew ----------------------------------------------------------------
@@ -397,8 +413,8 @@ class Ledger:
                 _json(evidence),
                 None,
             )
-        record = to_record(updated)
-        self._annotate(record)
+            record = to_record(updated)
+            self._annotate(record)
         return record
 
     async def record_late_outcome(
@@ -469,14 +485,17 @@ class Ledger:
         detail: Any = None,
     ) -> None:
         async with self._connection("append_event", key=key) as conn:
-            await conn.execute(
-                queries.INSERT_EVENT,
-                key,
-                actor,
-                kind,
-                from_status.value if from_status else None,
-                to_status.value if to_status else None,
-                reason,
-                _json(evidence),
-                _json(detail),
-            )
+            try:
+                await conn.execute(
+                    queries.INSERT_EVENT,
+                    key,
+                    actor,
+                    kind,
+                    from_status.value if from_status else None,
+                    to_status.value if to_status else None,
+                    reason,
+                    _json(evidence),
+                    _json(detail),
+                )
+            except asyncpg.ForeignKeyViolationError as exc:
+                raise RecordNotFoundError(key) from exc

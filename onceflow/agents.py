@@ -229,6 +229,31 @@ def load_agents(path: Path | str) -> AgentRegistry:
         raise AgentConfigError(path, f"cannot read: {exc.strerror or exc}") from exc
     try:
         data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = "; ".join(part for part in (exc.context, exc.problem) if part) or str(exc)
+        agent = _agent_at_line(text, mark.line) if mark else None
+        raise AgentConfigError(path, f"not valid YAML{where}: {what}", agent) from exc
     except yaml.YAMLError as exc:
         raise AgentConfigError(path, f"not valid YAML: {exc}") from exc
     return build_registry(data, path)
+
+
+def _agent_at_line(text: str, line: int) -> str | None:
+    """The agent whose block holds `line` (0-based) of a file that does not parse, judged by indentation."""
+    agent: str | None = None
+    in_agents = False
+    indent: int | None = None
+    for raw in text.splitlines()[: line + 1]:
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        depth = len(raw) - len(raw.lstrip())
+        if depth == 0:
+            in_agents, agent, indent = stripped.startswith("agents:"), None, None
+        elif in_agents:
+            indent = indent or depth  # the first line under `agents:` sets where agent names sit
+            if depth == indent:
+                agent = stripped.split(":", 1)[0].strip().strip("'\"") or None
+    return agent

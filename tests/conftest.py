@@ -16,8 +16,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from ledger import Ledger, migrate
 from onceflow.constants import SEARCH_ATTRIBUTES
-from onceflow.telemetry import tracing_interceptor
 from onceflow.postgres import configured_database_url, dsn_with_database, start_embedded_postgres
+from onceflow.telemetry import tracing_interceptor
 
 TEMPLATE = "onceflow_test_template"
 

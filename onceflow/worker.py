@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+import asyncpg
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -49,7 +50,7 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
     try:
         await migrate(settings.database_url)
         ledger = await Ledger.connect(settings.database_url)
-    except (OSError, LedgerError) as exc:
+    except (OSError, LedgerError, asyncpg.PostgresError) as exc:
         raise SystemExit(f"cannot reach the ledger database: {exc}") from exc
     try:
         client = await connect(settings)

@@ -1,0 +1,56 @@
+"""Reading a run's Temporal history in tests: which activities ran, how they ended, and where to reset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.failure.v1 import Failure
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
+
+
+@dataclass(frozen=True)
+class ActivityRun:
+    """One scheduled activity and how it ended (if it has)."""
+
+    activity_type: str
+    scheduled_event_id: int
+    closed: HistoryEvent | None
+
+    @property
+    def failure(self) -> Failure | None:
+        if self.closed is None or self.closed.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+            return None
+        return self.closed.activity_task_failed_event_attributes.failure
+
+
+async def history_events(client: Client, workflow_id: str, run_id: str | None = None) -> list[HistoryEvent]:
+    """The events of one run of a workflow (its latest run unless `run_id` names one)."""
+    history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+    return list(history.events)
+
+
+def activity_runs(events: list[HistoryEvent]) -> list[ActivityRun]:
+    """Activities in the order they were scheduled, each with the event that closed it."""
+    scheduled: dict[int, str] = {}
+    closed: dict[int, HistoryEvent] = {}
+    for event in events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+        for name in (
+            "activity_task_completed_event_attributes",
+            "activity_task_failed_event_attributes",
+            "activity_task_timed_out_event_attributes",
+        ):
+            if event.HasField(name):
+                closed[getattr(event, name).scheduled_event_id] = event
+    return [ActivityRun(kind, event_id, closed.get(event_id)) for event_id, kind in scheduled.items()]
+
+
+def workflow_task_completed_after(events: list[HistoryEvent], event_id: int) -> int:
+    """The id of the first WorkflowTaskCompleted event after `event_id`: a point a run can be reset to."""
+    for event in events:
+        if event.event_id > event_id and event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            return event.event_id
+    raise LookupError(f"no workflow task completed after event {event_id}")

@@ -1,0 +1,141 @@
+"""The worker checks its configuration before it serves, and stops with a message that says where the
+problem is (file, agent) and what it is. A worker that starts is a worker whose tools keep the contract."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from onceflow.agents import load_agents
+from onceflow.config import Settings
+from onceflow.worker import run_worker
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Never reached: agents.yaml is checked before the database is.
+UNREACHABLE_DATABASE = "postgresql://onceflow@127.0.0.1:1/never_reached"
+
+VALID = """\
+toolsets:
+  test-billing: tests.support.downstream:toolset
+  retried-write: tests.support.bad_tools:retried_write
+  key-argument: tests.support.bad_tools:key_argument
+agents:
+  clerk:
+    model: {provider: scripted, script: [{final: done}]}
+    toolsets: [test-billing]
+    tool_policy: {on_indeterminate: pause}
+"""
+
+# Each case is VALID with one line changed, and the fragments the message must contain.
+BROKEN = {
+    "malformed-yaml": (
+        "    model: {provider: scripted, script: [{final: done}]}",
+        "    model: {provider: scripted, script: [{final: done}]",
+        ["agent 'clerk'", "not valid YAML at line 8, column 5", "expected ',' or '}'"],
+    ),
+    "invalid-policy": (
+        "    tool_policy: {on_indeterminate: pause}",
+        "    tool_policy: {on_indeterminate: sometimes}",
+        ["agent 'clerk'", "on_indeterminate", "'pause' or 'fail'"],
+    ),
+    "unknown-toolset": (
+        "    toolsets: [test-billing]",
+        "    toolsets: [test-billing, payroll]",
+        ["agent 'clerk'", "unknown toolset 'payroll'"],
+    ),
+    "write-with-three-attempts": (
+        "    toolsets: [test-billing]",
+        "    toolsets: [retried-write]",
+        ["agent 'clerk'", "retried-write.change_address", "attempted 3 times"],
+    ),
+    "key-like-argument": (
+        "    toolsets: [test-billing]",
+        "    toolsets: [key-argument]",
+        ["agent 'clerk'", "key-argument.send_invoice", "idempotency_key", "look like an idempotency key"],
+    ),
+}
+
+
+def broken_file(tmp_path: Path, case: str) -> tuple[Path, list[str]]:
+    line, replacement, fragments = BROKEN[case]
+    assert VALID.count(line) == 1
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(VALID.replace(line, replacement))
+    return path, fragments
+
+
+def settings(agents: Path, database_url: str = UNREACHABLE_DATABASE) -> Settings:
+    return Settings(
+        temporal_address="127.0.0.1:1",
+        temporal_namespace="default",
+        task_queue="never-served",
+        database_url=database_url,
+        agents_path=str(agents),
+    )
+
+
+def test_the_valid_file_the_cases_start_from_loads(tmp_path: Path) -> None:
+    path = tmp_path / "agents.yaml"
+    path.write_text(VALID)
+    assert sorted(load_agents(path).agents) == ["clerk"]
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+async def test_worker_refuses_to_start_naming_the_file_the_agent_and_the_problem(
+    tmp_path: Path, case: str
+) -> None:
+    path, fragments = broken_file(tmp_path, case)
+    with pytest.raises(SystemExit) as stopped:
+        await run_worker(settings(path))
+    message = str(stopped.value.code)
+    assert message.startswith(f"cannot start the worker: {path}")
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+async def test_worker_refuses_to_start_without_a_database_url(tmp_path: Path) -> None:
+    path = tmp_path / "agents.yaml"
+    path.write_text(VALID)
+    with pytest.raises(SystemExit) as stopped:
+        await run_worker(settings(path, database_url=""))
+    assert "ONCEFLOW_DATABASE_URL is not set" in str(stopped.value.code)
+
+
+async def test_worker_process_exits_with_the_message_and_no_traceback(tmp_path: Path) -> None:
+    path, _ = broken_file(tmp_path, "key-like-argument")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "TEMPORAL_"))}
+    cases = {
+        "contract": {
+            **environment,
+            "ONCEFLOW_AGENTS": str(path),
+            "ONCEFLOW_DATABASE_URL": UNREACHABLE_DATABASE,
+        },
+        "database": {**environment, "ONCEFLOW_AGENTS": str(path)},
+    }
+
+    async def worker(env: dict[str, str]) -> tuple[int | None, str]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "worker.py",
+            cwd=REPO,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), 30)
+        return process.returncode, stderr.decode()
+
+    (contract_code, contract), (database_code, database) = await asyncio.gather(
+        *(worker(env) for env in cases.values())
+    )
+    assert contract_code == 1
+    assert f"cannot start the worker: {path}, agent 'clerk'" in contract
+    assert "send_invoice" in contract
+    assert database_code == 1
+    assert "ONCEFLOW_DATABASE_URL is not set" in database
+    assert "Traceback" not in contract + database

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -21,6 +22,18 @@ DataDir = Annotated[Path, typer.Option(help="Where the dev stack keeps its state
 TemporalPort = Annotated[int, typer.Option(help="Temporal gRPC port.")]
 UiPort = Annotated[int, typer.Option(help="Temporal Web UI port.")]
 BillingPort = Annotated[int, typer.Option(help="Example billing service port.")]
+
+
+def _exit_now(code: int) -> None:
+    """Leave without interpreter finalization.
+
+    Temporal's client runtime keeps native threads that can call into Python while the interpreter
+    shuts down ("PyGILState_Release ... finalizing", SIGABRT) after the work is already done. Short
+    CLI commands flush their output and leave directly.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _use_stack_environment(data_dir: Path) -> None:
@@ -148,6 +161,7 @@ def run_start(
             typer.echo(result.final)
 
     asyncio.run(main())
+    _exit_now(0)
 
 
 @app.command()

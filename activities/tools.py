@@ -20,7 +20,7 @@ from ledger import (
 )
 from onceflow.agents import AgentRegistry
 from onceflow.constants import ERR_LEDGER_UNAVAILABLE, ERR_OUTCOME_NOT_RECORDED, ERR_PAYLOAD_MISMATCH
-from onceflow.payloads import OwnerOutcome, ToolCallInput, ToolOutcome
+from onceflow.payloads import OwnerOutcome, ToolCall, ToolCallInput, ToolOutcome
 from onceflow.tools import (
     InvalidToolArgumentsError,
     Tool,
@@ -70,6 +70,11 @@ async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
     return outcome_from_record(record)
 
 
+def _refused(call: ToolCall, error: Exception) -> ToolOutcome:
+    """A call that never reached the ledger or the world: the model is told why."""
+    return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(error))
+
+
 class ToolActivities:
     def __init__(self, ledger: Ledger, registry: AgentRegistry, worker_identity: str) -> None:
         self.ledger = ledger
@@ -84,14 +89,14 @@ class ToolActivities:
         try:
             arguments = tool.validate_arguments(call.arguments)
         except InvalidToolArgumentsError as exc:
-            return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(exc))
+            return _refused(call, exc)
         context = _context(tool_input, activity.info().attempt)
         try:
             value = await asyncio.wait_for(
                 tool.invoke(arguments, context), tool.effect.timeout.total_seconds()
             )
         except (ToolNotAttemptedError, ToolRejectedError) as exc:
-            return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(exc))
+            return _refused(call, exc)
         return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="ok", value=value)
 
     @activity.defn(name="run_write_tool")
@@ -103,7 +108,7 @@ class ToolActivities:
             arguments = tool.validate_arguments(call.arguments)
         except InvalidToolArgumentsError as exc:
             # Nothing reserved, nothing sent: the model is told and may try again.
-            return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(exc))
+            return _refused(call, exc)
         owner = owner_token(self.worker_identity)
         identity = CallIdentity(
             tenant=tool_input.tenant, run_id=tool_input.run_id, tool_call_id=call.id, agent=tool_input.agent

@@ -35,7 +35,12 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import asyncpg  # noqa: E402
 
 from ledger import CallIdentity, Ledger, SideEffect, migrate  # noqa: E402
-from onceflow.postgres import configured_database_url, dsn_with_database, start_embedded_postgres  # noqa: E402
+from onceflow.postgres import (  # noqa: E402
+    configured_database_url,
+    create_database,
+    drop_database,
+    start_embedded_postgres,
+)
 
 ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500, "memo": "goodwill credit"}
 RESULT = {"credit_id": "cr_1", "amount_cents": 500}
@@ -150,12 +155,7 @@ async def measure(dsn: str, concurrency: int, seconds: float, rounds: int) -> tu
 
 async def bench(admin_dsn: str, concurrencies: list[int], seconds: float, rounds: int) -> None:
     name = f"onceflow_bench_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = dsn_with_database(admin_dsn, name)
+    dsn = await create_database(admin_dsn, name)
     try:
         await migrate(dsn)
         conn = await asyncpg.connect(dsn)
@@ -175,11 +175,7 @@ async def bench(admin_dsn: str, concurrencies: list[int], seconds: float, rounds
         for concurrency, ratio in ratios:
             print(f"ratio c={concurrency}: {ratio:.2f}")
     finally:
-        admin = await asyncpg.connect(admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_database(admin_dsn, name)
 
 
 def main() -> None:

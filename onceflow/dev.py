@@ -19,14 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-import asyncpg
 import httpx
 from temporalio.client import Client
 
 from ledger import migrate
 from onceflow.client import search_attribute_flags
 from onceflow.config import ENVIRONMENT, env
-from onceflow.postgres import EmbeddedPostgres, configured_database_url, dsn_with_database
+from onceflow.postgres import EmbeddedPostgres, configured_database_url, create_database
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LEDGER_DATABASE = "onceflow"
@@ -173,15 +172,7 @@ class DevStack:
 
     async def _start_postgres(self) -> str:
         self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.data_dir / "postgres")
-        admin = self._postgres.dsn
-        conn = await asyncpg.connect(admin)
-        try:
-            exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", LEDGER_DATABASE)
-            if not exists:
-                await conn.execute(f'CREATE DATABASE "{LEDGER_DATABASE}"')
-        finally:
-            await conn.close()
-        return dsn_with_database(admin, LEDGER_DATABASE)
+        return await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.data_dir / f"{name}.log", "ab")

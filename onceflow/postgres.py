@@ -3,18 +3,52 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
+
 DATABASE_URL_ENV = "ONCEFLOW_DATABASE_URL"
+_SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 def dsn_with_database(dsn: str, database: str) -> str:
     """The same server, another database."""
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def _identifier(name: str) -> str:
+    if not _SAFE_NAME.match(name):
+        raise ValueError(f"{name!r} is not a plain database name")
+    return f'"{name}"'
+
+
+async def create_database(
+    admin_dsn: str, name: str, *, template: str | None = None, if_missing: bool = False
+) -> str:
+    """Create database `name` on the server behind `admin_dsn`; returns the new database's DSN."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not (exists and if_missing):
+            suffix = f" TEMPLATE {_identifier(template)}" if template else ""
+            await conn.execute(f"CREATE DATABASE {_identifier(name)}{suffix}")
+    finally:
+        await conn.close()
+    return dsn_with_database(admin_dsn, name)
+
+
+async def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop database `name` if it exists, disconnecting anyone still using it."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {_identifier(name)} WITH (FORCE)")
+    finally:
+        await conn.close()
 
 
 class EmbeddedPostgres:

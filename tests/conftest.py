@@ -9,14 +9,13 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from ledger import Ledger, migrate
 from onceflow.constants import SEARCH_ATTRIBUTES
-from onceflow.postgres import configured_database_url, dsn_with_database, start_embedded_postgres
+from onceflow.postgres import configured_database_url, create_database, drop_database, start_embedded_postgres
 from onceflow.telemetry import tracing_interceptor
 
 TEMPLATE = "onceflow_test_template"
@@ -36,13 +35,8 @@ def postgres_dsn() -> Iterator[str]:
 @pytest.fixture(scope="session")
 async def template_dsn(postgres_dsn: str) -> str:
     """Migrate once into a template database; each test copies it (pgqueuer-style)."""
-    admin = await asyncpg.connect(postgres_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
-        await admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
-    finally:
-        await admin.close()
-    dsn = dsn_with_database(postgres_dsn, TEMPLATE)
+    await drop_database(postgres_dsn, TEMPLATE)
+    dsn = await create_database(postgres_dsn, TEMPLATE)
     await migrate(dsn)
     return dsn
 
@@ -51,17 +45,8 @@ async def template_dsn(postgres_dsn: str) -> str:
 async def database_url(postgres_dsn: str, template_dsn: str) -> AsyncIterator[str]:
     """A fresh, migrated database of this test's own."""
     name = f"onceflow_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
-    finally:
-        await admin.close()
-    yield dsn_with_database(postgres_dsn, name)
-    admin = await asyncpg.connect(postgres_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    yield await create_database(postgres_dsn, name, template=TEMPLATE)
+    await drop_database(postgres_dsn, name)
 
 
 @pytest.fixture

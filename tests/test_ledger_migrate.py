@@ -16,7 +16,7 @@ import pytest
 
 from ledger import UNRESOLVED, FailureKind, SideEffect, Status, migrate
 from ledger.migrate import MIGRATIONS_DIR, discover
-from onceflow.postgres import dsn_with_database
+from onceflow.postgres import create_database, drop_database
 
 LATEST = len(discover())
 
@@ -25,17 +25,8 @@ LATEST = len(discover())
 async def empty_database(postgres_dsn: str) -> AsyncIterator[str]:
     """A database nothing has been applied to yet."""
     name = f"onceflow_empty_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield dsn_with_database(postgres_dsn, name)
-    admin = await asyncpg.connect(postgres_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    yield await create_database(postgres_dsn, name)
+    await drop_database(postgres_dsn, name)
 
 
 async def schema_version(dsn: str) -> int:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from examples.billing.client import BillingClient, BillingConflict, BillingLocked, BillingRejected
+from examples.billing.tools import find_credit
 from onceflow import (
-    ReconcileOutcome,
     ToolContext,
     ToolNotAttemptedError,
     ToolRejectedError,
@@ -55,17 +55,6 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
     async with _client() as client:
         order = await client.get_order(order_id)
     return order.model_dump(mode="json")
-
-
-async def find_credit(account_id: str, amount_cents: int, context: ToolContext) -> ReconcileOutcome:
-    """Found: it took effect. Not found: the key is fenced first, so it never can, and it did not."""
-    async with _client() as client:
-        credit = await client.fence_key(context.idempotency_key)
-    if credit is None:
-        return ReconcileOutcome.failed(source="billing fence", idempotency_key=context.idempotency_key)
-    return ReconcileOutcome.completed(
-        credit, result_reference=credit["credit_id"], source="billing lookup by idempotency key"
-    )
 
 
 @toolset.tool(external(timeout=TOOL_TIMEOUT), reconcile=find_credit)

@@ -17,9 +17,15 @@ from ledger import (
     OutcomeIgnoredError,
     PayloadMismatchError,
     Status,
+    TenantMismatchError,
 )
 from onceflow.agents import AgentRegistry
-from onceflow.constants import ERR_LEDGER_UNAVAILABLE, ERR_OUTCOME_NOT_RECORDED, ERR_PAYLOAD_MISMATCH
+from onceflow.constants import (
+    ERR_LEDGER_UNAVAILABLE,
+    ERR_OUTCOME_NOT_RECORDED,
+    ERR_PAYLOAD_MISMATCH,
+    ERR_TENANT_MISMATCH,
+)
 from onceflow.payloads import OwnerOutcome, ToolCall, ToolCallInput, ToolOutcome
 from onceflow.tools import (
     InvalidToolArgumentsError,
@@ -128,6 +134,8 @@ class ToolActivities:
             ) from exc
         except PayloadMismatchError as exc:
             raise ApplicationError(str(exc), type=ERR_PAYLOAD_MISMATCH, non_retryable=True) from exc
+        except TenantMismatchError as exc:
+            raise ApplicationError(str(exc), type=ERR_TENANT_MISMATCH, non_retryable=True) from exc
         if not reservation.may_send:
             return outcome_from_record(
                 reservation.record, replayed=reservation.record.status is Status.COMPLETED

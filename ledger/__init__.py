@@ -10,6 +10,7 @@ from ledger.errors import (
     PayloadMismatchError,
     ReasonRequiredError,
     RecordNotFoundError,
+    TenantMismatchError,
 )
 from ledger.migrate import migrate
 from ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
@@ -35,6 +36,7 @@ __all__ = [
     "ReserveResult",
     "SideEffect",
     "Status",
+    "TenantMismatchError",
     "ToolExecutionEvent",
     "ToolExecutionRecord",
     "UnresolvedPage",

@@ -32,6 +32,14 @@ class PayloadMismatchError(LedgerError):
         self.offered_sha256 = offered_sha256
 
 
+class TenantMismatchError(LedgerError):
+    """The key is recorded for another tenant. Nothing about that tenant's call is revealed."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} belongs to another tenant; refusing to reserve it")
+        self.key = key
+
+
 class InvalidTransitionError(LedgerError):
     """The record is not in a state that allows the requested change."""
 

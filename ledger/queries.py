@@ -17,6 +17,7 @@ WITH reserved AS (
             settled_at = NULL, settled_by = NULL, reason = NULL, evidence = NULL,
             updated_at = clock_timestamp()
         WHERE t.status = 'failed' AND t.payload_sha256 = EXCLUDED.payload_sha256
+          AND t.tenant = EXCLUDED.tenant
     RETURNING t.*, (xmax = 0) AS inserted
 ), logged AS (
     INSERT INTO tool_execution_events (key, actor, kind, from_status, to_status, detail)

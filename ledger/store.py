@@ -23,6 +23,7 @@ from ledger.errors import (
     PayloadMismatchError,
     ReasonRequiredError,
     RecordNotFoundError,
+    TenantMismatchError,
 )
 from ledger.records import (
     Reservation,
@@ -44,6 +45,16 @@ _UNAVAILABLE = (
     asyncpg.AdminShutdownError,
     asyncpg.ConnectionFailureError,
 )
+
+
+_RESERVE_ROUNDS = 3
+# What an existing row means for a caller that did not get to reserve it.
+_EXISTING_OUTCOME = {
+    Status.COMPLETED: Reservation.COMPLETED,
+    Status.STARTED: Reservation.IN_FLIGHT,
+    Status.INDETERMINATE: Reservation.IN_FLIGHT,
+    Status.AWAITING_APPROVAL: Reservation.AWAITING_APPROVAL,
+}
 
 
 class CallIdentity(BaseModel):
@@ -155,40 +166,46 @@ class Ledger:
         payload = canonical_payload(tool_name, arguments)
         initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
         async with self._connection("reserve", key=call.key, tool=tool_name) as conn:
-            row = await conn.fetchrow(
-                queries.RESERVE,
-                call.key,
-                call.tenant,
-                call.run_id,
-                call.tool_call_id,
-                call.agent,
-                tool_name,
-                side_effect.value,
-                initial.value,
-                payload.text,
-                payload.sha256,
-                owner,
-            )
-            if row is not None:
-                record = to_record(row)
-                outcome = Reservation.NEW if row["inserted"] else Reservation.RETRY
-                if record.status is Status.AWAITING_APPROVAL:
-                    outcome = Reservation.AWAITING_APPROVAL
-                self._annotate(record, outcome)
-                return ReserveResult(outcome=outcome, record=record)
-            existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
-            if existing is None:  # pragma: no cover - rows are never deleted while a key is live
-                raise RecordNotFoundError(call.key)
-            record = to_record(existing)
-            if record.payload_sha256 == payload.sha256:
-                outcome = {
-                    Status.COMPLETED: Reservation.COMPLETED,
-                    Status.STARTED: Reservation.IN_FLIGHT,
-                    Status.INDETERMINATE: Reservation.IN_FLIGHT,
-                    Status.AWAITING_APPROVAL: Reservation.AWAITING_APPROVAL,
-                }.get(record.status, Reservation.SETTLED)
-                self._annotate(record, outcome)
-                return ReserveResult(outcome=outcome, record=record)
+            # A row seen as `failed` here was re-reserved and failed again between our two
+            # statements; the reservation statement is then simply offered once more.
+            for _ in range(_RESERVE_ROUNDS):
+                row = await conn.fetchrow(
+                    queries.RESERVE,
+                    call.key,
+                    call.tenant,
+                    call.run_id,
+                    call.tool_call_id,
+                    call.agent,
+                    tool_name,
+                    side_effect.value,
+                    initial.value,
+                    payload.text,
+                    payload.sha256,
+                    owner,
+                )
+                if row is not None:
+                    record = to_record(row)
+                    outcome = Reservation.NEW if row["inserted"] else Reservation.RETRY
+                    if record.status is Status.AWAITING_APPROVAL:
+                        outcome = Reservation.AWAITING_APPROVAL
+                    self._annotate(record, outcome)
+                    return ReserveResult(outcome=outcome, record=record)
+                existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
+                if existing is None:  # pragma: no cover - rows are never deleted while a key is live
+                    raise RecordNotFoundError(call.key)
+                record = to_record(existing)
+                if record.tenant != call.tenant:
+                    raise TenantMismatchError(call.key)
+                if record.payload_sha256 != payload.sha256:
+                    break
+                if record.status is not Status.FAILED:
+                    outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
+                    self._annotate(record, outcome)
+                    return ReserveResult(outcome=outcome, record=record)
+            else:
+                raise LedgerUnavailableError(
+                    f"reserving {call.key!r} kept racing other reservations; nothing was sent"
+                )
         await self._append_event(
             call.key,
             actor=owner,

@@ -42,4 +42,5 @@ RESERVE_BACKOFF_MAX = timedelta(seconds=30)
 ERR_LEDGER_UNAVAILABLE = "LedgerUnavailable"  # before sending: safe to try the reservation again
 ERR_OUTCOME_NOT_RECORDED = "OutcomeNotRecorded"  # sent and answered, but the ledger write failed
 ERR_PAYLOAD_MISMATCH = "PayloadMismatch"
+ERR_TENANT_MISMATCH = "TenantMismatch"  # the key is recorded for another tenant
 ERR_CALL_INDETERMINATE = "CallIndeterminate"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, Status
+from ledger import CallIdentity, Ledger, SideEffect, Status
 from onceflow.payloads import Phase, ResolveSignal
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM
@@ -148,3 +149,22 @@ async def test_refused_before_sending_is_failed_and_the_model_is_told(harness: H
     assert record.failure_kind == "not_attempted"
     assert DOWNSTREAM.effects == {}
     assert "locked" in result.final
+
+
+async def test_a_key_recorded_for_another_tenant_fails_the_run_and_sends_nothing(harness: Harness) -> None:
+    run_id = f"run-clash-{uuid.uuid4().hex[:8]}"
+    key = f"{run_id}:call_1_0"
+    await harness.ledger.reserve(
+        CallIdentity(tenant="other", run_id=run_id, tool_call_id="call_1_0"),
+        tool_name="issue_credit",
+        side_effect=SideEffect.EXTERNAL,
+        arguments={"account_id": "acct_o1", "amount_cents": 1250},
+        owner="someone-else",
+    )
+    handle = await harness.start("credit-reconciled", ORDER, tenant="acme", run_id=run_id)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), 30)
+    assert "another tenant" in str(failure.value.cause)
+    assert DOWNSTREAM.send_attempts == 0
+    record = await harness.ledger.get(key, with_events=False)
+    assert (record.tenant, record.owner, record.status) == ("other", "someone-else", Status.STARTED)

@@ -18,6 +18,7 @@ from ledger import (
     ReserveResult,
     SideEffect,
     Status,
+    TenantMismatchError,
     canonical_payload,
     queries,
 )
@@ -257,3 +258,32 @@ async def test_argument_order_does_not_count_as_a_changed_payload(ledger: Ledger
     await reserve(ledger, call, arguments={"account_id": "acct_1", "amount_cents": 500})
     again = await reserve(ledger, call, arguments={"amount_cents": 500.0, "account_id": "acct_1"})
     assert again.outcome is Reservation.IN_FLIGHT
+
+
+async def test_another_tenants_key_is_refused_and_nothing_changes(ledger: Ledger) -> None:
+    call = new_call(tenant="t1")
+    await reserve(ledger, call, owner="worker-1")
+    before = await ledger.get(call.key)
+    intruder = call.model_copy(update={"tenant": "t2"})
+
+    with pytest.raises(TenantMismatchError) as refused:
+        await reserve(ledger, intruder, owner="worker-9")
+
+    assert "another tenant" in str(refused.value)
+    assert before.payload_sha256 not in str(refused.value)
+    assert await ledger.get(call.key) == before
+
+
+async def test_another_tenant_cannot_re_reserve_a_failed_key(ledger: Ledger) -> None:
+    call = new_call(tenant="t1")
+    await reserve(ledger, call, owner="worker-1")
+    await ledger.fail(call.key, owner="worker-1", kind=FailureKind.NOT_ATTEMPTED, error="no network")
+    intruder = call.model_copy(update={"tenant": "t2"})
+
+    with pytest.raises(TenantMismatchError):
+        await reserve(ledger, intruder, owner="worker-9")
+
+    record = await ledger.get(call.key, with_events=False)
+    assert record.status is Status.FAILED
+    assert record.attempt == 1
+    assert record.owner == "worker-1"

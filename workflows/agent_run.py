@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         ERR_LEDGER_UNAVAILABLE,
         ERR_OUTCOME_NOT_RECORDED,
         ERR_PAYLOAD_MISMATCH,
+        ERR_TENANT_MISMATCH,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
         MODEL_RETRY,
@@ -261,8 +262,9 @@ class AgentRunWorkflow:
                     await workflow.sleep(backoff)
                     backoff = min(backoff * 2, RESERVE_BACKOFF_MAX)
                     continue
-                if kind == ERR_PAYLOAD_MISMATCH:
-                    raise ApplicationError(str(cause), type=ERR_PAYLOAD_MISMATCH, non_retryable=True) from err
+                if kind in (ERR_PAYLOAD_MISMATCH, ERR_TENANT_MISMATCH):
+                    # The key is bound to another call: a bug or an injection, never a retry.
+                    raise ApplicationError(str(cause), type=kind, non_retryable=True) from err
                 if kind == ERR_OUTCOME_NOT_RECORDED and isinstance(cause, ApplicationError):
                     return await workflow.execute_activity_method(
                         LedgerActivities.record_outcome,

@@ -3,6 +3,7 @@
 from collections.abc import Callable
 from typing import Any
 
+from activities.compensation import CompensationActivities
 from activities.ledger_steps import LedgerActivities
 from activities.model import ModelActivities
 from activities.outcomes import default_identity
@@ -12,6 +13,7 @@ from ledger import Ledger
 from onceflow.agents import AgentRegistry
 
 __all__ = [
+    "CompensationActivities",
     "LedgerActivities",
     "ModelActivities",
     "ReconcileActivities",
@@ -27,6 +29,7 @@ def all_activities(ledger: Ledger, registry: AgentRegistry, worker_identity: str
     tools = ToolActivities(ledger, registry, worker_identity)
     steps = LedgerActivities(ledger)
     reconcile = ReconcileActivities(ledger, registry)
+    compensation = CompensationActivities(ledger, registry, worker_identity)
     return [
         model.describe_agent,
         model.call_model,
@@ -35,5 +38,10 @@ def all_activities(ledger: Ledger, registry: AgentRegistry, worker_identity: str
         steps.inspect_call,
         steps.record_outcome,
         steps.settle_call,
+        steps.expire_approval,
+        steps.escalate_call,
         reconcile.reconcile_call,
+        compensation.plan_compensation,
+        compensation.run_compensation,
+        compensation.finish_compensation,
     ]

@@ -8,13 +8,23 @@ from temporalio.exceptions import ApplicationError
 from activities.outcomes import outcome_from_record
 from activities.tools import record_outcome
 from ledger import (
+    AlreadySettledError,
     InvalidTransitionError,
     Ledger,
     ReasonRequiredError,
     RecordNotFoundError,
     Status,
 )
-from onceflow.payloads import CallRef, OwnerOutcome, SettleInput, ToolOutcome
+from onceflow.payloads import (
+    CallRef,
+    EscalateInput,
+    ExpireApprovalInput,
+    OwnerOutcome,
+    SettleInput,
+    ToolOutcome,
+)
+
+APPROVAL_DEADLINE_ACTOR = "onceflow:approval-deadline"
 
 
 class LedgerActivities:
@@ -66,4 +76,24 @@ class LedgerActivities:
         except InvalidTransitionError as exc:
             activity.logger.info("resolve of %s lost the race: %s", signal.key, exc)
             record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
+        return outcome_from_record(record)
+
+    @activity.defn(name="expire_approval")
+    async def expire_approval(self, request: ExpireApprovalInput) -> ToolOutcome:
+        """The approval deadline passed: deny the call, unless an operator decided first."""
+        try:
+            record = await self.ledger.deny(
+                request.key, actor=APPROVAL_DEADLINE_ACTOR, reason=request.reason, tenant=request.tenant
+            )
+        except AlreadySettledError as exc:
+            activity.logger.info("approval deadline of %s came after a decision: %s", request.key, exc)
+            record = await self.ledger.get(request.key, with_events=False, tenant=request.tenant)
+        return outcome_from_record(record)
+
+    @activity.defn(name="escalate_call")
+    async def escalate_call(self, request: EscalateInput) -> ToolOutcome:
+        """Name the owner who must look at an unknown call; its outcome stays as it is."""
+        record = await self.ledger.escalate(
+            request.key, owner=request.owner, actor="reconciler", reason=request.reason
+        )
         return outcome_from_record(record)

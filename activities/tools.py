@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from temporalio import activity
@@ -21,6 +22,7 @@ from ledger import (
 )
 from onceflow.agents import AgentRegistry
 from onceflow.constants import (
+    ACTIVITY_MARGIN,
     ERR_LEDGER_UNAVAILABLE,
     ERR_OUTCOME_NOT_RECORDED,
     ERR_PAYLOAD_MISMATCH,
@@ -33,6 +35,7 @@ from onceflow.tools import (
     ToolContext,
     ToolNotAttemptedError,
     ToolRejectedError,
+    to_jsonable,
 )
 
 
@@ -127,6 +130,8 @@ class ToolActivities:
                 arguments=arguments,
                 owner=owner,
                 approval=tool.effect.approval,
+                # Past this the owner is gone: the activity's own deadline has passed too.
+                lease=tool.effect.timeout + ACTIVITY_MARGIN,
             )
         except LedgerUnavailableError as exc:
             raise ApplicationError(
@@ -157,28 +162,39 @@ class ToolActivities:
     async def _send(
         self, tool: Tool, arguments: dict[str, Any], context: ToolContext, owner: str
     ) -> OwnerOutcome:
-        def outcome(status: Literal["completed", "failed", "indeterminate"], **fields: Any) -> OwnerOutcome:
-            return OwnerOutcome(
-                key=context.idempotency_key,
-                owner=owner,
-                tool=tool.name,
-                tool_call_id=context.tool_call_id,
-                status=status,
-                **fields,
-            )
+        return await send_once(
+            lambda: tool.invoke(arguments, context),
+            tool_name=tool.name,
+            timeout=tool.effect.timeout.total_seconds(),
+            context=context,
+            owner=owner,
+        )
 
-        timeout = tool.effect.timeout.total_seconds()
-        try:
-            value = await asyncio.wait_for(tool.invoke(arguments, context), timeout)
-        except ToolNotAttemptedError as exc:
-            return outcome(
-                "failed", failure_kind=FailureKind.NOT_ATTEMPTED, error=str(exc) or "not attempted"
-            )
-        except ToolRejectedError as exc:
-            return outcome("failed", failure_kind=FailureKind.REJECTED, error=str(exc) or "rejected")
-        except TimeoutError:
-            return outcome("indeterminate", error=f"no answer within {timeout:g}s")
-        except Exception as exc:  # an unknown error after the request may have left is unknown
-            activity.logger.warning("tool %s raised %r; outcome unknown", tool.name, exc)
-            return outcome("indeterminate", error=f"{type(exc).__name__}: {exc}"[:2000])
-        return outcome("completed", value=value)
+
+async def send_once(
+    invoke: Callable[[], Awaitable[Any]], *, tool_name: str, timeout: float, context: ToolContext, owner: str
+) -> OwnerOutcome:
+    """Call the world once, under `timeout`, and say how it ended: completed, failed or unknown."""
+
+    def outcome(status: Literal["completed", "failed", "indeterminate"], **fields: Any) -> OwnerOutcome:
+        return OwnerOutcome(
+            key=context.idempotency_key,
+            owner=owner,
+            tool=tool_name,
+            tool_call_id=context.tool_call_id,
+            status=status,
+            **fields,
+        )
+
+    try:
+        value = await asyncio.wait_for(invoke(), timeout)
+    except ToolNotAttemptedError as exc:
+        return outcome("failed", failure_kind=FailureKind.NOT_ATTEMPTED, error=str(exc) or "not attempted")
+    except ToolRejectedError as exc:
+        return outcome("failed", failure_kind=FailureKind.REJECTED, error=str(exc) or "rejected")
+    except TimeoutError:
+        return outcome("indeterminate", error=f"no answer within {timeout:g}s")
+    except Exception as exc:  # an unknown error after the request may have left is unknown
+        activity.logger.warning("tool %s raised %r; outcome unknown", tool_name, exc)
+        return outcome("indeterminate", error=f"{type(exc).__name__}: {exc}"[:2000])
+    return outcome("completed", value=to_jsonable(value))

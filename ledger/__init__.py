@@ -16,6 +16,7 @@ from ledger.migrate import migrate
 from ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
 from ledger.status import SETTLED, UNRESOLVED, FailureKind, SideEffect, Status
 from ledger.store import CallIdentity, Ledger, UnresolvedPage
+from ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError
 
 __all__ = [
     "SETTLED",
@@ -28,6 +29,8 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "LedgerUnavailableError",
+    "OperatorToken",
+    "OperatorTokens",
     "OutcomeIgnoredError",
     "PayloadMismatchError",
     "ReasonRequiredError",
@@ -37,6 +40,7 @@ __all__ = [
     "SideEffect",
     "Status",
     "TenantMismatchError",
+    "TokenNotFoundError",
     "ToolExecutionEvent",
     "ToolExecutionRecord",
     "UnresolvedPage",

@@ -7,14 +7,16 @@ RESERVE = """
 WITH reserved AS (
     INSERT INTO tool_executions AS t
         (key, tenant, run_id, tool_call_id, agent, tool_name, side_effect, status,
-         payload, payload_sha256, owner)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11)
+         payload, payload_sha256, owner, lease_expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, clock_timestamp() + $12::interval)
     ON CONFLICT (key) DO UPDATE
         SET status = EXCLUDED.status,
             attempt = t.attempt + 1,
             owner = EXCLUDED.owner,
+            lease_expires_at = EXCLUDED.lease_expires_at,
             result = NULL, result_reference = NULL, failure_kind = NULL, error = NULL,
             settled_at = NULL, settled_by = NULL, reason = NULL, evidence = NULL,
+            approved_by = NULL, approved_at = NULL, escalated_to = NULL, escalated_at = NULL,
             updated_at = clock_timestamp()
         WHERE t.status = 'failed' AND t.payload_sha256 = EXCLUDED.payload_sha256
           AND t.tenant = EXCLUDED.tenant
@@ -95,13 +97,91 @@ UPDATE tool_executions
 RETURNING *
 """
 
-# The operator's queue. The literal status list matches the partial index's predicate.
+# The operator's queue: unknown calls, calls awaiting approval, and started calls whose owner's lease
+# ran out. The literal status list matches the partial index's predicate.
 LIST_UNRESOLVED = """
 SELECT * FROM tool_executions
  WHERE tenant = $1
    AND status IN ('started', 'indeterminate', 'awaiting_approval')
    AND status = ANY($2::text[])
-   AND ($3::timestamptz IS NULL OR (created_at, key) > ($3::timestamptz, $4::text))
+   AND (status <> 'started' OR coalesce(lease_expires_at < clock_timestamp(), false))
+   AND ($3::text IS NULL OR tool_name = $3)
+   AND ($4::text IS NULL OR agent = $4)
+   AND ($5::boolean IS NULL OR (escalated_at IS NOT NULL) = $5)
+   AND ($6::timestamptz IS NULL OR (created_at, key) > ($6::timestamptz, $7::text))
  ORDER BY created_at, key
- LIMIT $5
+ LIMIT $8
+"""
+
+# -- operator decisions ---------------------------------------------------------------------------
+
+# Decisions lock the row first, so the check, the change and its event see one state.
+SELECT_FOR_DECISION = """
+SELECT *, coalesce(lease_expires_at < clock_timestamp(), false) AS owner_gone
+  FROM tool_executions WHERE key = $1 FOR UPDATE
+"""
+
+APPROVE = """
+UPDATE tool_executions
+   SET approved_by = $2, approved_at = clock_timestamp(), updated_at = clock_timestamp()
+ WHERE key = $1 AND status = 'awaiting_approval' AND approved_at IS NULL
+RETURNING *
+"""
+
+DENY = """
+UPDATE tool_executions
+   SET status = 'denied', failure_kind = 'denied', settled_at = clock_timestamp(), settled_by = $2,
+       reason = $3, updated_at = clock_timestamp()
+ WHERE key = $1 AND status = 'awaiting_approval' AND approved_at IS NULL
+RETURNING *
+"""
+
+# The approved call is dispatched by the reservation that claims it: once, with the approved payload.
+CLAIM_APPROVED = """
+WITH claimed AS (
+    UPDATE tool_executions
+       SET status = 'started', owner = $2, lease_expires_at = clock_timestamp() + $4::interval,
+           updated_at = clock_timestamp()
+     WHERE key = $1 AND status = 'awaiting_approval' AND approved_at IS NOT NULL
+       AND payload_sha256 = $3
+    RETURNING *
+), logged AS (
+    INSERT INTO tool_execution_events (key, actor, kind, from_status, to_status, detail)
+    SELECT key, owner, 'dispatched', 'awaiting_approval', 'started',
+           jsonb_build_object('approved_by', approved_by)
+    FROM claimed
+)
+SELECT * FROM claimed
+"""
+
+ESCALATE = """
+UPDATE tool_executions
+   SET escalated_to = $2, escalated_at = clock_timestamp(), updated_at = clock_timestamp()
+ WHERE key = $1 AND escalated_at IS NULL
+RETURNING *
+"""
+
+SET_COMPENSATED = """
+UPDATE tool_executions
+   SET status = 'compensated', updated_at = clock_timestamp()
+ WHERE key = $1 AND status = 'completed'
+RETURNING *
+"""
+
+# -- operator tokens ------------------------------------------------------------------------------
+
+INSERT_TOKEN = """
+INSERT INTO operator_tokens (id, token_sha256, tenant, operator) VALUES ($1, $2, $3, $4)
+RETURNING *
+"""
+
+SELECT_ACTIVE_TOKEN = "SELECT * FROM operator_tokens WHERE token_sha256 = $1 AND revoked_at IS NULL"
+
+REVOKE_TOKEN = """
+UPDATE operator_tokens SET revoked_at = coalesce(revoked_at, clock_timestamp()) WHERE id = $1
+RETURNING *
+"""
+
+LIST_TOKENS = """
+SELECT * FROM operator_tokens WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at, id
 """

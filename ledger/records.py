@@ -57,6 +57,11 @@ class ToolExecutionRecord(BaseModel):
     settled_by: str | None = None
     reason: str | None = None
     evidence: Any = None
+    lease_expires_at: datetime | None = None
+    approved_by: str | None = None
+    approved_at: datetime | None = None
+    escalated_to: str | None = None
+    escalated_at: datetime | None = None
     events: list[ToolExecutionEvent] = []
 
 
@@ -96,6 +101,7 @@ def row_to_dict(row: asyncpg.Record) -> dict[str, Any]:
 def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = None) -> ToolExecutionRecord:
     data = row_to_dict(row)
     data.pop("inserted", None)
+    data.pop("owner_gone", None)
     return ToolExecutionRecord(**data, events=events or [])
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -60,9 +61,15 @@ class ToolPolicy(BaseModel):
     reconcile_initial_interval: timedelta = timedelta(seconds=1)
     reconcile_max_interval: timedelta = timedelta(minutes=5)
     escalation_owner: str | None = None
+    # How long a call of an `approval=True` tool waits for an operator; then it is denied.
+    approval_deadline: timedelta = timedelta(hours=24)
 
     @field_validator(
-        "reconcile_deadline", "reconcile_initial_interval", "reconcile_max_interval", mode="before"
+        "reconcile_deadline",
+        "reconcile_initial_interval",
+        "reconcile_max_interval",
+        "approval_deadline",
+        mode="before",
     )
     @classmethod
     def _duration(cls, value: Any) -> timedelta:
@@ -73,13 +80,35 @@ class ToolPolicy(BaseModel):
 
 
 class ModelConfig(BaseModel):
+    """`wrapper`, optional, is "module:attribute" of a callable that takes the model this config
+    describes and returns the model to talk to instead: a seam for instrumentation around every model
+    call (the crash drill holds model calls through it, see onceflow/drill/tools.py)."""
+
     model_config = ConfigDict(extra="forbid")
 
     provider: Literal["scripted"] = "scripted"
     script: list[ScriptTurn] = Field(min_length=1)
+    wrapper: str | None = None
 
     def build(self) -> Model:
-        return ScriptedModel(self.script)
+        model: Model = ScriptedModel(self.script)
+        if self.wrapper:
+            model = resolve_model_wrapper(self.wrapper)(model)
+        return model
+
+
+def resolve_model_wrapper(target: str) -> Callable[[Model], Model]:
+    """Import a model wrapper named "module:attribute"; ValueError if it is not a callable."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{target!r} is not 'module:attribute'")
+    try:
+        wrapper = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import {target!r}: {exc}") from exc
+    if not callable(wrapper):
+        raise ValueError(f"{target!r} is not callable")
+    return cast(Callable[[Model], Model], wrapper)
 
 
 class AgentConfig(BaseModel):
@@ -139,6 +168,7 @@ class Agent:
                 reconcile_initial_interval_seconds=policy.reconcile_initial_interval.total_seconds(),
                 reconcile_max_interval_seconds=policy.reconcile_max_interval.total_seconds(),
                 escalation_owner=policy.escalation_owner,
+                approval_deadline_seconds=policy.approval_deadline.total_seconds(),
             ),
         )
 
@@ -216,6 +246,11 @@ def build_registry(data: Any, path: Path | str = "<memory>") -> AgentRegistry:
                         agent_name,
                     )
                 tools[tool.name] = tool
+        if config.model.wrapper:
+            try:
+                resolve_model_wrapper(config.model.wrapper)
+            except ValueError as exc:
+                raise AgentConfigError(path, f"model.wrapper: {exc}", agent_name) from None
         agents[agent_name] = Agent(agent_name, config, tools)
     return AgentRegistry(agents, str(path))
 

@@ -1,4 +1,4 @@
-"""The `onceflow` command: dev stack, demo, runs, worker, migrations."""
+"""The `onceflow` command: dev stack, demo, runs, worker, migrations, operator API and tokens, drills."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,11 +17,14 @@ from onceflow.config import Settings
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agent tool calls that take effect once.")
 run_app = typer.Typer(no_args_is_help=True, help="Start and inspect agent runs.")
 app.add_typer(run_app, name="run")
+tokens_app = typer.Typer(no_args_is_help=True, help="Operator tokens for the API (stored hashed).")
+app.add_typer(tokens_app, name="tokens")
 
 DataDir = Annotated[Path, typer.Option(help="Where the dev stack keeps its state.")]
 TemporalPort = Annotated[int, typer.Option(help="Temporal gRPC port.")]
 UiPort = Annotated[int, typer.Option(help="Temporal Web UI port.")]
 BillingPort = Annotated[int, typer.Option(help="Example billing service port.")]
+ApiPort = Annotated[int, typer.Option(help="Operator API port.")]
 
 
 def _exit_now(code: int) -> None:
@@ -53,11 +56,12 @@ def dev(
     temporal_port: TemporalPort = 7233,
     ui_port: UiPort = 8233,
     billing_port: BillingPort = 8081,
+    api_port: ApiPort = 8082,
 ) -> None:
-    """Run Temporal, PostgreSQL, the billing example and a worker in the foreground. Ctrl-C stops all."""
+    """Run Temporal, PostgreSQL, the billing example, a worker and the operator API. Ctrl-C stops all."""
     from onceflow.dev import DevStack, StackBusyError, StackConfig
 
-    config = StackConfig(data_dir, temporal_port, ui_port, billing_port)
+    config = StackConfig(data_dir, temporal_port, ui_port, billing_port, api_port)
 
     async def serve() -> None:
         stack = DevStack(config)
@@ -73,10 +77,14 @@ def dev(
             typer.echo(f"Temporal:      {info.temporal_address}")
             typer.echo(f"Ledger:        {info.database_url}")
             typer.echo(f"Billing:       {info.billing_url}")
+            typer.echo(f"Operator API:  {info.api_url}  (OpenAPI: {info.api_url}/openapi.json)")
             typer.echo("Start a run in another shell:")
             typer.echo(
                 '  onceflow run start --agent billing-assistant --tenant acme --input \'{"order_id": "ord_1001"}\''
             )
+            typer.echo("Get an operator token for tenant acme, then list its unknown calls:")
+            typer.echo("  export ONCEFLOW_TOKEN=$(onceflow tokens create --tenant acme --operator $USER)")
+            typer.echo("  onceflow executions list")
             typer.echo("Ctrl-C stops everything.")
             while (problem := stack.check_alive()) is None:
                 await asyncio.sleep(1)
@@ -96,6 +104,7 @@ def demo(
     temporal_port: TemporalPort = 7233,
     ui_port: UiPort = 8233,
     billing_port: BillingPort = 8081,
+    api_port: ApiPort = 8082,
     report: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
 ) -> None:
     """Run the scenarios on a running `onceflow dev`, or on a stack started just for the demo."""
@@ -106,8 +115,8 @@ def demo(
         info = running_stack(data_dir.resolve())
         stack = None
         if info is None:
-            stack = DevStack(StackConfig(data_dir, temporal_port, ui_port, billing_port))
-            typer.echo("starting the embedded stack (Temporal dev server, PostgreSQL, billing, worker)...")
+            stack = DevStack(StackConfig(data_dir, temporal_port, ui_port, billing_port, api_port))
+            typer.echo("starting the embedded stack (Temporal, PostgreSQL, billing, worker, operator API)...")
             info = await stack.start()
         os.environ.update(info.environment())
         try:
@@ -184,5 +193,148 @@ def migrate(database_url: Annotated[str | None, typer.Option(envvar="ONCEFLOW_DA
     typer.echo(f"ledger schema at version {version}")
 
 
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="ONCEFLOW_API_PORT", help="Port to listen on.")] = 8082,
+) -> None:
+    """Serve the operator API (list, resolve, approve, deny, compensate); OpenAPI at /openapi.json."""
+    from onceflow.api.server import main
+
+    main(host, port)
+
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        envvar="ONCEFLOW_DATABASE_URL", help="The ledger database (default: the running `onceflow dev`)."
+    ),
+]
+
+
+def _tokens(database_url: str | None) -> Any:
+    if not database_url:
+        _use_stack_environment(Path(".onceflow"))
+        database_url = os.environ.get("ONCEFLOW_DATABASE_URL")
+    if not database_url:
+        typer.echo("set ONCEFLOW_DATABASE_URL or pass --database-url", err=True)
+        raise typer.Exit(2)
+    from ledger import Ledger, OperatorTokens, migrate
+
+    async def open_tokens() -> tuple[Ledger, OperatorTokens]:
+        await migrate(database_url)
+        ledger = await Ledger.connect(database_url, max_size=1)
+        return ledger, OperatorTokens(ledger)
+
+    return open_tokens
+
+
+@tokens_app.command("create")
+def tokens_create(
+    tenant: Annotated[str, typer.Option(help="The tenant this token acts for.")],
+    operator: Annotated[str, typer.Option(help="Who uses it; recorded on every decision.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create a token and print it once. Only its SHA-256 is stored."""
+    from ledger import ReasonRequiredError
+
+    open_tokens = _tokens(database_url)
+
+    async def create() -> None:
+        ledger, tokens = await open_tokens()
+        try:
+            token, secret = await tokens.create(tenant=tenant, operator=operator)
+        finally:
+            await ledger.close()
+        typer.echo(secret)
+        typer.echo(f"id {token.id}, tenant {token.tenant}, operator {token.operator}; shown once", err=True)
+
+    try:
+        asyncio.run(create())
+    except ReasonRequiredError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    token_id: Annotated[str, typer.Argument(help="The token's id (tok_...), as `tokens list` shows.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Revoke a token: every request with it answers 401 from now on."""
+    from ledger import TokenNotFoundError
+
+    open_tokens = _tokens(database_url)
+
+    async def revoke() -> None:
+        ledger, tokens = await open_tokens()
+        try:
+            token = await tokens.revoke(token_id)
+        finally:
+            await ledger.close()
+        typer.echo(f"revoked {token.id} ({token.operator} in {token.tenant}) at {token.revoked_at}")
+
+    try:
+        asyncio.run(revoke())
+    except TokenNotFoundError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(3) from None
+
+
+@tokens_app.command("list")
+def tokens_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's tokens.")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """List tokens (never their secrets)."""
+    open_tokens = _tokens(database_url)
+
+    async def show() -> None:
+        ledger, tokens = await open_tokens()
+        try:
+            found = await tokens.list_tokens(tenant)
+        finally:
+            await ledger.close()
+        for token in found:
+            state = f"revoked {token.revoked_at:%Y-%m-%d %H:%M}" if token.revoked_at else "active"
+            typer.echo(f"{token.id}  {token.tenant:<16} {token.operator:<16} {state}")
+
+    asyncio.run(show())
+
+
+@app.command()
+def drill(
+    runs: Annotated[int, typer.Option(min=1, help="Agent runs to start.")] = 200,
+    seed: Annotated[int, typer.Option(help="Seeds the plan of kill points and the random kills.")] = 1,
+    report: Annotated[
+        Path | None, typer.Option(help="JSON report path. Default: in the drill's folder.")
+    ] = None,
+    data_dir: Annotated[Path, typer.Option(help="Each drill gets a fresh folder in here.")] = Path(
+        ".onceflow/drills"
+    ),
+    concurrency: Annotated[int, typer.Option(min=1, help="Runs in flight at once.")] = 8,
+    random_kills: Annotated[bool, typer.Option(help="Also kill workers at random moments.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds before runs still going count as lost.")] = 1800,
+) -> None:
+    """Crash drill: SIGKILL workers at every kill point and at random, then check nothing ran twice."""
+    from onceflow.drill.cli import run_from_cli
+    from onceflow.drill.runner import DrillConfig
+
+    config = DrillConfig(
+        runs=runs,
+        seed=seed,
+        data_dir=data_dir,
+        report=report,
+        concurrency=concurrency,
+        random_kills=random_kills,
+        timeout=timeout,
+    )
+    _exit_now(run_from_cli(config))
+
+
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from onceflow.constants import TASK_QUEUE
 
-# Every variable onceflow reads, with its default. README.md documents each one.
+# Every variable the worker and the operator API read, with its default. README.md documents each.
 ENVIRONMENT = {
     "TEMPORAL_ADDRESS": "localhost:7233",
     "TEMPORAL_NAMESPACE": "default",
@@ -16,10 +16,18 @@ ENVIRONMENT = {
     "ONCEFLOW_AGENTS": "agents.yaml",
     "ONCEFLOW_BILLING_URL": "http://127.0.0.1:8081",
 }
+# Read by `onceflow api` only: the port it listens on.
+API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082"}
+# Read by `onceflow executions`, an operator's client of the API.
+OPERATOR_ENVIRONMENT = {
+    "ONCEFLOW_API": "http://127.0.0.1:8082",
+    "ONCEFLOW_TOKEN": "",  # a bearer token from `onceflow tokens create`
+}
+ALL_ENVIRONMENT = {**ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT}
 
 
 def env(name: str) -> str:
-    return os.environ.get(name) or ENVIRONMENT[name]
+    return os.environ.get(name) or ALL_ENVIRONMENT[name]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ PHASE = SearchAttributeKey.for_keyword("OnceflowPhase")
 TENANT = SearchAttributeKey.for_keyword("OnceflowTenant")
 AGENT = SearchAttributeKey.for_keyword("OnceflowAgent")
 UNRESOLVED_KEYS = SearchAttributeKey.for_keyword_list("OnceflowUnresolvedKeys")
-SEARCH_ATTRIBUTES = (PHASE, TENANT, AGENT, UNRESOLVED_KEYS)
+# Who an unknown call was escalated to at its reconcile deadline (on the run and its reconciler).
+ESCALATED_TO = SearchAttributeKey.for_keyword("OnceflowEscalatedTo")
+SEARCH_ATTRIBUTES = (PHASE, TENANT, AGENT, UNRESOLVED_KEYS, ESCALATED_TO)
 
 # Reads and model calls may be repeated; writes get exactly one attempt.
 READ_RETRY = RetryPolicy(
@@ -44,3 +46,4 @@ ERR_OUTCOME_NOT_RECORDED = "OutcomeNotRecorded"  # sent and answered, but the le
 ERR_PAYLOAD_MISMATCH = "PayloadMismatch"
 ERR_TENANT_MISMATCH = "TenantMismatch"  # the key is recorded for another tenant
 ERR_CALL_INDETERMINATE = "CallIndeterminate"
+ERR_NO_COMPENSATION = "NoCompensation"  # the tool declares no compensation hook

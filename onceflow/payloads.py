@@ -125,6 +125,7 @@ class ToolPolicySpec(_Frozen):
     reconcile_initial_interval_seconds: float
     reconcile_max_interval_seconds: float
     escalation_owner: str | None
+    approval_deadline_seconds: float = 24 * 3600
 
 
 class AgentSpec(_Frozen):
@@ -217,6 +218,52 @@ class ReconcileResult(_Frozen):
     status: Status
     attempts: int
     settled_by: str | None = None
+    escalated_to: str | None = None
+
+
+class EscalateInput(_Frozen):
+    key: str
+    owner: str
+    reason: str
+
+
+class EscalatedSignal(_Frozen):
+    """Tells a run that one of its unknown calls was escalated (for its search attributes)."""
+
+    key: str
+    owner: str
+
+
+class ExpireApprovalInput(_Frozen):
+    key: str
+    tenant: str
+    reason: str
+
+
+# -- compensation ----------------------------------------------------------------------------------
+
+
+class CompensationInput(_Frozen):
+    """Undo one completed call, because an operator asked. Never started by the runtime itself."""
+
+    key: str  # the completed call to undo
+    tenant: str
+    actor: str
+    reason: str
+
+
+class CompensationPlan(_Frozen):
+    compensation_key: str
+    hook: str
+    timeout_seconds: float
+
+
+class CompensationResult(_Frozen):
+    key: str
+    compensation_key: str
+    status: Status  # of the compensation call: completed, failed or indeterminate-then-settled
+    original_status: Status  # compensated when the compensation took effect
+    value: Any = None
 
 
 AgentRunResult.model_rebuild()

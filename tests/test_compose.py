@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from onceflow.client import search_attribute_flags
-from onceflow.config import ENVIRONMENT
+from onceflow.config import ALL_ENVIRONMENT, API_ENVIRONMENT, ENVIRONMENT
+from onceflow.constants import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -374,7 +375,7 @@ def test_the_command_check_accepts_registered_onceflow_subcommands() -> None:
 
 
 def read_by_the_code(name: str) -> bool:
-    return name in ENVIRONMENT or name.startswith("OTEL_")
+    return name in ALL_ENVIRONMENT or name.startswith("OTEL_")
 
 
 def test_repo_built_services_set_only_variables_the_code_reads() -> None:
@@ -392,6 +393,14 @@ def test_repo_built_services_set_only_variables_the_code_reads() -> None:
 
 def test_the_worker_sets_every_variable_in_config() -> None:
     assert set(ENVIRONMENT) <= environment_names(services()["worker"])
+
+
+def test_the_operator_api_reads_the_same_environment_as_the_worker() -> None:
+    api = services()["operator-api"]
+    assert set(ENVIRONMENT) | set(API_ENVIRONMENT) <= environment_names(api)
+    worker = services()["worker"]["environment"]
+    for name in ENVIRONMENT:
+        assert api["environment"][name] == worker[name], name
 
 
 def test_the_worker_agents_file_is_in_the_image() -> None:
@@ -420,6 +429,7 @@ def test_services_publish_the_documented_ports() -> None:
         "temporal": (7233, 7233),
         "temporal-ui": (8080, 8080),
         "billing": (8081, 8081),
+        "operator-api": (8082, 8082),
     }
     for name, (host, container) in expected.items():
         assert (host, "tcp", container) in published_ports(services()[name]), name
@@ -508,6 +518,6 @@ def test_search_attribute_registration_matches_what_the_code_sets() -> None:
     assert "register-search-attributes.sh" in " ".join(argv(service.get("entrypoint")))
     registered = set(argv(service.get("command")))
     expected = {flag.removeprefix("--search-attribute=") for flag in search_attribute_flags()}
-    assert len(expected) == 4
+    assert len(expected) == len(SEARCH_ATTRIBUTES) == 5
     assert registered == expected
     assert depends_on(services()["worker"])["register-search-attributes"] == "service_completed_successfully"

@@ -32,6 +32,8 @@ def test_demo_scenarios_end_as_they_should_with_the_right_effect_counts(tmp_path
             str(free_port()),
             "--billing-port",
             str(free_port()),
+            "--api-port",
+            str(free_port()),
             "--report",
             str(report),
         ],
@@ -42,14 +44,36 @@ def test_demo_scenarios_end_as_they_should_with_the_right_effect_counts(tmp_path
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     results = {r["name"]: r for r in json.loads(report.read_text())}
-    lost = results["lost-response"]
-    assert lost["effects"] == 1
-    assert lost["record"]["status"] == "completed"
-    assert lost["record"]["settled_by"] == "reconciler"
+    assert list(results) == [
+        "lost-response",
+        "never-landed",
+        "compensated",
+        "refused-before-sending",
+        "approval",
+    ]
+    assert all(r["ok"] and not r["problems"] for r in results.values()), results
+
+    (lost,) = results["lost-response"]["runs"]
+    assert (lost["effects"], lost["record"]["status"], lost["record"]["settled_by"]) == (
+        1,
+        "completed",
+        "reconciler",
+    )
     assert "started -> indeterminate" in " ".join(lost["record"]["history"])
-    refused = results["refused-before-sending"]
-    assert refused["effects"] == 0
-    assert refused["record"]["status"] == "failed"
-    assert "2 passed, 0 failed" in completed.stdout
+
+    (never,) = results["never-landed"]["runs"]
+    assert (never["effects"], never["record"]["status"]) == (0, "failed")
+    assert never["record"]["settled_by"] == "operator:demo-operator"
+
+    (undone,) = results["compensated"]["runs"]
+    assert (undone["effects"], undone["voided"], undone["record"]["status"]) == (1, True, "compensated")
+
+    (refused,) = results["refused-before-sending"]["runs"]
+    assert (refused["effects"], refused["record"]["status"]) == (0, "failed")
+
+    approved, denied = results["approval"]["runs"]
+    assert (approved["effects"], approved["record"]["status"]) == (1, "completed")
+    assert (denied["effects"], denied["record"]["status"]) == (0, "denied")
+    assert "5 passed, 0 failed" in completed.stdout
     # Ctrl-C semantics aside, the demo's own stack must be gone: the lock is free again.
     assert not (tmp_path / "stack" / "stack.json").exists()

@@ -204,6 +204,7 @@ async def test_reserve_statement_updates_only_failed_rows(database_url: str) -> 
                 payload.text,
                 payload.sha256,
                 "worker-2",
+                None,
             )
 
             after = dict(await conn.fetchrow(queries.SELECT_RECORD, key))

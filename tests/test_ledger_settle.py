@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -25,7 +26,9 @@ from ledger import (
 )
 
 
-async def started(ledger: Ledger, *, tenant: str = "t1", owner: str = "worker-1") -> str:
+async def started(
+    ledger: Ledger, *, tenant: str = "t1", owner: str = "worker-1", lease: timedelta | None = None
+) -> str:
     call = CallIdentity(tenant=tenant, run_id=f"run-{uuid.uuid4().hex[:8]}", tool_call_id="call-1")
     await ledger.reserve(
         call,
@@ -33,6 +36,7 @@ async def started(ledger: Ledger, *, tenant: str = "t1", owner: str = "worker-1"
         side_effect=SideEffect.EXTERNAL,
         arguments={"account_id": "acct_1", "amount_cents": 500},
         owner=owner,
+        lease=lease,
     )
     return call.key
 
@@ -169,8 +173,10 @@ async def test_settle_of_an_unknown_key_is_not_found(ledger: Ledger) -> None:
         await ledger.settle("run-x:call-1", status=Status.FAILED, actor="op-alice", reason="x")
 
 
-async def test_a_started_call_cannot_be_settled_by_an_operator(ledger: Ledger) -> None:
-    key = await started(ledger)
+async def test_a_started_call_cannot_be_settled_by_an_operator_while_its_owner_holds_it(
+    ledger: Ledger,
+) -> None:
+    key = await started(ledger, lease=timedelta(minutes=5))
     before = await ledger.find(key)
 
     with pytest.raises(InvalidTransitionError) as caught:
@@ -289,7 +295,8 @@ async def test_events_cannot_be_updated_or_deleted(ledger: Ledger, database_url:
 async def test_unresolved_list_shows_only_the_tenants_calls_oldest_first(ledger: Ledger) -> None:
     ours = [await indeterminate(ledger, tenant="acme") for _ in range(3)]
     theirs = [await indeterminate(ledger, tenant="globex") for _ in range(2)]
-    ours.append(await started(ledger, tenant="acme"))
+    ours.append(await started(ledger, tenant="acme", lease=timedelta(0)))  # its owner is gone
+    await started(ledger, tenant="acme", lease=timedelta(minutes=5))  # someone is working on it
     settled = await indeterminate(ledger, tenant="acme")
     await ledger.settle(settled, status=Status.FAILED, actor="op-alice", reason="not in billing")
 
@@ -379,7 +386,15 @@ async def test_unresolved_list_is_served_by_the_partial_index(database_url: str)
         for after_at, after_key in ((None, None), ("2026-11-30 10:00:00+00", "run-0:call-1")):
             at = None if after_at is None else await conn.fetchval("SELECT $1::text::timestamptz", after_at)
             plan = await conn.fetchval(
-                "EXPLAIN (FORMAT JSON) " + queries.LIST_UNRESOLVED, "acme", statuses, at, after_key, 51
+                "EXPLAIN (FORMAT JSON) " + queries.LIST_UNRESOLVED,
+                "acme",
+                statuses,
+                None,
+                None,
+                None,
+                at,
+                after_key,
+                51,
             )
             assert "tool_executions_unresolved" in _index_names(json.loads(plan)), plan
     finally:

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         ERR_OUTCOME_NOT_RECORDED,
         ERR_PAYLOAD_MISMATCH,
         ERR_TENANT_MISMATCH,
+        ESCALATED_TO,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
         MODEL_RETRY,
@@ -52,6 +53,8 @@ with workflow.unsafe.imports_passed_through():
         AgentSpec,
         CallRef,
         CallSummary,
+        EscalatedSignal,
+        ExpireApprovalInput,
         Message,
         ModelCallInput,
         OwnerOutcome,
@@ -81,6 +84,8 @@ class AgentRunWorkflow:
         self._pending: dict[str, CallSummary] = {}
         self._resolved: dict[str, ToolOutcome] = {}
         self._last_resolve_error: str | None = None
+        self._nudged: set[str] = set()
+        self._escalated: dict[str, str] = {}
 
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
@@ -103,6 +108,10 @@ class AgentRunWorkflow:
 
     @workflow.signal
     async def resolve(self, signal: ResolveSignal) -> None:
+        pending = self._pending.get(signal.key)
+        if pending is not None and pending.status == Status.AWAITING_APPROVAL:
+            self._nudged.add(signal.key)  # an approval or a denial: the run asks the ledger
+            return
         if signal.key not in self._calls_by_key():
             self._last_resolve_error = f"{signal.key!r} is not a write call of this run"
             workflow.logger.warning(self._last_resolve_error)
@@ -121,6 +130,13 @@ class AgentRunWorkflow:
             return
         if outcome.status in SETTLED and signal.key in self._pending:
             self._resolved[signal.key] = outcome
+
+    @workflow.signal
+    def escalated(self, signal: EscalatedSignal) -> None:
+        """An unknown call of this run passed its reconcile deadline and was escalated."""
+        self._escalated[signal.key] = signal.owner
+        owners = sorted(set(self._escalated.values()))
+        workflow.upsert_search_attributes([ESCALATED_TO.value_set(", ".join(owners))])
 
     @workflow.query
     def status(self) -> RunStatus:
@@ -224,16 +240,12 @@ class AgentRunWorkflow:
     async def _call_write(self, spec: AgentSpec, tool: ToolSpec, tool_input: ToolCallInput) -> ToolOutcome:
         call = tool_input.call
         ref = CallRef(key=f"{tool_input.run_id}:{call.id}", tool=call.name, tool_call_id=call.id)
-        if tool.approval:
-            raise ApplicationError(
-                f"tool {call.name!r} needs approval, which this version of onceflow cannot collect yet",
-                type="ApprovalUnsupported",
-                non_retryable=True,
-            )
         self._calls[call.id] = CallSummary(
             tool_call_id=call.id, tool=call.name, key=ref.key, status="started"
         )
         outcome = await self._send_once(tool, tool_input, ref)
+        if outcome.status is Status.AWAITING_APPROVAL:
+            outcome = await self._await_approval(spec, tool, tool_input, ref, outcome)
         if outcome.status is Status.STARTED:  # another attempt holds it: that is unknown, not failed
             outcome = await self._inspect(ref) or outcome
         if outcome.status is Status.INDETERMINATE:
@@ -294,6 +306,58 @@ class AgentRunWorkflow:
             retry_policy=LEDGER_RETRY,
             summary=f"inspect {ref.key}",
         )
+
+    async def _await_approval(
+        self, spec: AgentSpec, tool: ToolSpec, tool_input: ToolCallInput, ref: CallRef, outcome: ToolOutcome
+    ) -> ToolOutcome:
+        """The call is recorded `awaiting_approval` and nothing was sent. Wait for an operator.
+
+        Each approve or deny reaches the run as a `resolve` signal; the run then asks the ledger by
+        reserving again, which dispatches the call only if it was approved. At the approval deadline
+        the call is denied, unless an operator decided first.
+        """
+        deadline = workflow.now() + timedelta(seconds=spec.policy.approval_deadline_seconds)
+        self._pending[ref.key] = _summary(outcome)
+        self._calls[ref.tool_call_id] = _summary(outcome)
+        self._publish_unresolved()
+        self._set_phase(Phase.AWAITING_APPROVAL)
+        workflow.set_current_details(
+            f"Waiting for an operator to approve or deny {ref.key} ({ref.tool}) before it is sent."
+        )
+        while outcome.status is Status.AWAITING_APPROVAL:
+            self._nudged.discard(ref.key)
+            remaining = (deadline - workflow.now()).total_seconds()
+            nudged = remaining > 0 and await self._wait_for_nudge(ref.key, remaining)
+            if not nudged:
+                outcome = await workflow.execute_activity_method(
+                    LedgerActivities.expire_approval,
+                    ExpireApprovalInput(
+                        key=ref.key,
+                        tenant=self._tenant,
+                        reason=f"no decision within the approval deadline "
+                        f"({spec.policy.approval_deadline_seconds:g}s)",
+                    ),
+                    start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+                    retry_policy=LEDGER_RETRY,
+                    summary=f"approval deadline for {ref.key}",
+                )
+                if outcome.status is not Status.AWAITING_APPROVAL:
+                    break
+                # Approved just before the deadline: dispatch it.
+            outcome = await self._send_once(tool, tool_input, ref)
+        del self._pending[ref.key]
+        self._publish_unresolved()
+        if not self._pending:
+            self._set_phase(Phase.RUNNING)
+            workflow.set_current_details("")
+        return outcome
+
+    async def _wait_for_nudge(self, key: str, timeout_seconds: float) -> bool:
+        try:
+            await workflow.wait_condition(lambda: key in self._nudged, timeout=timeout_seconds)
+        except TimeoutError:
+            return False
+        return True
 
     async def _await_resolution(
         self, spec: AgentSpec, tool: ToolSpec, ref: CallRef, outcome: ToolOutcome

@@ -2,7 +2,8 @@
 
 Started by the run (id `reconcile:<key>`, so at most one per call) and left running if the run ends.
 Each round reads the ledger first: if anyone has settled the call meanwhile, it stops. At the
-deadline it stops without changing the outcome. A settled outcome is passed to the run as a
+deadline it escalates the call to the policy's owner (record, event, search attribute on this
+workflow and on the run) and stops, without changing the outcome. A settled outcome is passed to the run as a
 `resolve` signal; the run then reads the ledger itself.
 """
 
@@ -14,10 +15,25 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.ledger_steps import LedgerActivities
     from activities.reconcile import ReconcileActivities
     from ledger.status import Status
-    from onceflow.constants import ACTIVITY_MARGIN, READ_RETRY
-    from onceflow.payloads import ReconcileInput, ReconcileResult, ResolveSignal, ToolOutcome
+    from onceflow.constants import (
+        ACTIVITY_MARGIN,
+        ESCALATED_TO,
+        LEDGER_RETRY,
+        LEDGER_STEP_TIMEOUT,
+        READ_RETRY,
+        TENANT,
+    )
+    from onceflow.payloads import (
+        EscalatedSignal,
+        EscalateInput,
+        ReconcileInput,
+        ReconcileResult,
+        ResolveSignal,
+        ToolOutcome,
+    )
 
 
 def reconcile_workflow_id(key: str) -> str:
@@ -51,10 +67,43 @@ class ReconcileWorkflow:
                 return ReconcileResult(key=request.key, status=Status(outcome.status), attempts=attempts)
             remaining = deadline - workflow.now()
             if remaining <= timedelta(0):
-                workflow.set_current_details(f"deadline passed; {request.key} is still indeterminate")
-                return ReconcileResult(key=request.key, status=Status.INDETERMINATE, attempts=attempts)
+                escalated_to = await self._escalate(request)
+                workflow.set_current_details(
+                    f"deadline passed; {request.key} is still indeterminate"
+                    + (f" and was escalated to {escalated_to}" if escalated_to else "")
+                )
+                return ReconcileResult(
+                    key=request.key,
+                    status=Status.INDETERMINATE,
+                    attempts=attempts,
+                    escalated_to=escalated_to,
+                )
             await workflow.sleep(min(interval, remaining))
             interval = min(interval * 2, longest)
+
+    async def _escalate(self, request: ReconcileInput) -> str | None:
+        """Name the policy's owner on the record, in an event and in search attributes."""
+        owner = request.escalation_owner
+        if not owner:
+            return None
+        await workflow.execute_activity_method(
+            LedgerActivities.escalate_call,
+            EscalateInput(
+                key=request.key,
+                owner=owner,
+                reason=f"still unknown after the reconcile deadline ({request.deadline_seconds:g}s)",
+            ),
+            start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+            summary=f"escalate {request.key} to {owner}",
+        )
+        workflow.upsert_search_attributes([ESCALATED_TO.value_set(owner), TENANT.value_set(request.tenant)])
+        handle = workflow.get_external_workflow_handle(request.run_id)
+        try:
+            await handle.signal("escalated", EscalatedSignal(key=request.key, owner=owner))
+        except Exception as err:  # the run may have ended; the ledger and this workflow say it
+            workflow.logger.info("run %s was not told of the escalation: %s", request.run_id, err)
+        return owner
 
     async def _tell_run(self, request: ReconcileInput) -> None:
         handle = workflow.get_external_workflow_handle(request.run_id)

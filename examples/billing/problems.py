@@ -1,63 +1,13 @@
-"""Errors as RFC 9457 problem details (`application/problem+json`), the way payment APIs answer."""
+"""The billing service's errors: onceflow's RFC 9457 problem details, under its own type URIs."""
 
-from __future__ import annotations
+from fastapi import FastAPI
 
-from collections.abc import Mapping
-from typing import Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-PROBLEM_BASE = "https://billing.example/problems/"
-PROBLEM_MEDIA_TYPE = "application/problem+json"
+from onceflow import problems
 
 
-class Problem(Exception):
-    """Raise from a route to answer with a problem document; `slug` ends the problem's type URI."""
-
-    def __init__(self, status: int, slug: str, title: str, detail: str, **extra: Any) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.slug = slug
-        self.title = title
-        self.detail = detail
-        self.extra = extra
-
-    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
-        """The problem as a response."""
-        body = {
-            "type": PROBLEM_BASE + self.slug,
-            "title": self.title,
-            "status": self.status,
-            "detail": self.detail,
-            **self.extra,
-        }
-        return JSONResponse(body, status_code=self.status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
+class Problem(problems.Problem):
+    type_base = "https://billing.example/problems/"
 
 
 def install_problem_handlers(app: FastAPI) -> None:
-    """Answer every error as a problem document.
-
-    Malformed requests get 400 rather than FastAPI's default 422, because 422 is this service's
-    business rejection (a definite "no") and clients must be able to tell the two apart by status.
-    """
-
-    async def on_problem(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, Problem)
-        return exc.response()
-
-    async def on_invalid(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        errors = [f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()]
-        return Problem(400, "invalid-request", "Invalid request", "; ".join(errors)).response()
-
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        slug = "not-found" if exc.status_code == 404 else f"http-{exc.status_code}"
-        return Problem(exc.status_code, slug, str(exc.detail), str(exc.detail)).response(exc.headers)
-
-    app.add_exception_handler(Problem, on_problem)
-    app.add_exception_handler(RequestValidationError, on_invalid)
-    app.add_exception_handler(StarletteHTTPException, on_http)
+    problems.install_problem_handlers(app, Problem)

@@ -91,3 +91,14 @@ billing_manual.tool(read(timeout=timedelta(seconds=5)), name="lookup_order")(loo
 billing_manual.tool(external(timeout=CREDIT_TIMEOUT), name="issue_credit", compensation=void_credit)(
     issue_credit.fn
 )
+
+# The same credit behind an operator's approval: recorded `awaiting_approval`, sent only once
+# approved (and then exactly once), never if denied. Used by `billing-assistant-approval`.
+billing_approval = Toolset("billing-approval")
+billing_approval.tool(read(timeout=timedelta(seconds=5)), name="lookup_order")(lookup_order.fn)
+billing_approval.tool(
+    external(timeout=CREDIT_TIMEOUT, approval=True),
+    name="issue_credit",
+    reconcile=find_credit,
+    compensation=void_credit,
+)(issue_credit.fn)

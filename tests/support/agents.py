@@ -25,7 +25,7 @@ CREDIT_SCRIPT: list[dict[str, Any]] = [
 ]
 
 
-def credit_agent(name: str, tool: str, on_indeterminate: str = "pause") -> Agent:
+def credit_agent(name: str, tool: str, on_indeterminate: str = "pause", **policy: str) -> Agent:
     script = [dict(turn) for turn in CREDIT_SCRIPT]
     script[1] = {"tool_calls": [{**script[1]["tool_calls"][0], "name": tool}]}
     script[2] = {"final": "credit result: {{ results." + tool + " }}"}
@@ -39,6 +39,7 @@ def credit_agent(name: str, tool: str, on_indeterminate: str = "pause") -> Agent
                 "reconcile_deadline": "20s",
                 "reconcile_initial_interval": "0.2s",
                 "reconcile_max_interval": "1s",
+                **policy,
             },
         }
     )
@@ -57,5 +58,15 @@ def support_registry() -> AgentRegistry:
         credit_agent("credit-reconciled", "issue_credit", "pause"),
         credit_agent("credit-pause", "issue_credit_unreconciled", "pause"),
         credit_agent("credit-fail", "issue_credit_unreconciled", "fail"),
+        credit_agent("credit-undoable", "issue_credit_undoable", "fail"),
+        credit_agent("credit-approval", "issue_credit_approved", "pause"),
+        credit_agent("credit-approval-short", "issue_credit_approved", "pause", approval_deadline="1s"),
+        credit_agent(
+            "credit-escalating",
+            "issue_credit_unreconciled",
+            "pause",
+            reconcile_deadline="1s",
+            escalation_owner="billing-oncall",
+        ),
     ]
     return AgentRegistry({a.name: a for a in agents})

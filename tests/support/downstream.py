@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ledger import ToolExecutionRecord
 from onceflow import (
     ReconcileOutcome,
     ToolContext,
@@ -30,6 +31,8 @@ class Downstream:
     read_attempts: int = 0
     send_attempts: int = 0
     reconcile_calls: int = 0
+    # Voids (compensations) applied, per compensation key.
+    voids: Counter[str] = field(default_factory=Counter)
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -51,6 +54,16 @@ class Downstream:
         if mode == "hang_after_apply":
             await asyncio.sleep(3600)
         return self.results[key]
+
+    async def void(self, credit_key: str, key: str) -> dict[str, Any]:
+        credit = self.results.get(credit_key)
+        if credit is None:
+            raise ToolRejectedError(f"no credit under {credit_key}")
+        if key not in self.voids:
+            self.voids[key] += 1
+        if self.modes.get(credit["account_id"]) == "hang_void":
+            await asyncio.sleep(3600)
+        return {"voided": credit["credit_id"]}
 
 
 DOWNSTREAM = Downstream()
@@ -88,4 +101,20 @@ async def issue_credit_unreconciled(
     account_id: str, amount_cents: int, context: ToolContext
 ) -> dict[str, Any]:
     """Credit an account; no reconcile hook."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
+
+
+async def void_credit(record: ToolExecutionRecord, context: ToolContext) -> dict[str, Any]:
+    return await DOWNSTREAM.void(record.key, context.idempotency_key)
+
+
+@toolset.tool(external(timeout=timedelta(seconds=1)), reconcile=find_credit, compensation=void_credit)
+async def issue_credit_undoable(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Credit an account; an operator may void it."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
+
+
+@toolset.tool(external(timeout=timedelta(seconds=1), approval=True), compensation=void_credit)
+async def issue_credit_approved(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Credit an account once an operator approved it."""
     return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)

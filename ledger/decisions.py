@@ -1,0 +1,188 @@
+"""Decisions people (and reconcilers) make about calls: settle, approve, deny, escalate, compensated.
+
+Each one locks the row, checks that the call is in a state that allows it, changes it and appends
+its event, all in one transaction. Of two people deciding at once, one wins; the other gets an error
+that names the winner and when.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from ledger import queries
+from ledger.base import LedgerBase, require_text, to_json
+from ledger.errors import AlreadySettledError, InvalidTransitionError, RecordNotFoundError
+from ledger.records import ToolExecutionRecord, to_record
+from ledger.status import FailureKind, Status
+
+
+class OperatorDecisions(LedgerBase):
+    async def _locked(self, conn: asyncpg.Connection, key: str, tenant: str | None) -> asyncpg.Record:
+        row = await conn.fetchrow(queries.SELECT_FOR_DECISION, key)
+        if row is None or (tenant is not None and row["tenant"] != tenant):
+            raise RecordNotFoundError(key)
+        return row
+
+    @staticmethod
+    def _refuse(row: asyncpg.Record, wanted: str) -> InvalidTransitionError:
+        """The error for a decision that came too late: who decided instead, and when."""
+        current = Status(row["status"])
+        decided_by, decided_at = row["settled_by"], row["settled_at"]
+        if decided_by is None and row["approved_at"] is not None:
+            decided_by, decided_at = row["approved_by"], row["approved_at"]
+        error_type = AlreadySettledError if decided_by else InvalidTransitionError
+        return error_type(row["key"], current.value, wanted, settled_by=decided_by, settled_at=decided_at)
+
+    async def settle(
+        self,
+        key: str,
+        *,
+        status: Status,
+        actor: str,
+        reason: str,
+        evidence: Any = None,
+        result: Any = None,
+        result_reference: str | None = None,
+        tenant: str | None = None,
+    ) -> ToolExecutionRecord:
+        """Compare-and-set an unknown call to `completed` or `failed`. One caller wins.
+
+        Unknown means `indeterminate`, or `started` with its owner's lease run out. The loser gets
+        `AlreadySettledError` naming who won and when. `tenant`, when given, scopes the key: another
+        tenant's key is reported as not found.
+        """
+        if status not in (Status.COMPLETED, Status.FAILED):
+            raise ValueError(f"a call can be settled completed or failed, not {status!r}")
+        reason = require_text(reason, "settling a call")
+        actor = require_text(actor, "settling a call (actor)")
+        async with self.connection("settle", key=key, status=status) as conn, conn.transaction():
+            row = await self._locked(conn, key, tenant)
+            current = Status(row["status"])
+            unknown = current is Status.INDETERMINATE or (current is Status.STARTED and row["owner_gone"])
+            if not unknown:
+                raise self._refuse(row, f"settle as {status.value}")
+            if status is Status.COMPLETED:
+                updated = await conn.fetchrow(
+                    queries.SET_COMPLETED,
+                    key,
+                    current.value,
+                    to_json(result),
+                    result_reference,
+                    actor,
+                    reason,
+                    to_json(evidence),
+                )
+            else:
+                updated = await conn.fetchrow(
+                    queries.SET_FAILED,
+                    key,
+                    current.value,
+                    FailureKind.NOT_APPLIED.value,
+                    None,
+                    actor,
+                    reason,
+                    to_json(evidence),
+                )
+            await self.insert_event(
+                conn,
+                key,
+                actor=actor,
+                kind="settled",
+                from_status=current,
+                to_status=status,
+                reason=reason,
+                evidence=evidence,
+            )
+            record = to_record(updated)
+            self.annotate(record)
+        return record
+
+    async def record_late_outcome(
+        self, key: str, *, actor: str, status: Status, evidence: Any = None, detail: Any = None
+    ) -> None:
+        """Append an outcome that arrived after the call was settled. It changes nothing."""
+        await self.append_event(
+            key, actor=actor, kind="late_outcome", to_status=status, evidence=evidence, detail=detail
+        )
+
+    async def approve(
+        self, key: str, *, actor: str, reason: str | None = None, tenant: str | None = None
+    ) -> ToolExecutionRecord:
+        """Record an approval on an `awaiting_approval` call. The run then dispatches it, once."""
+        actor = require_text(actor, "approving a call (actor)")
+        async with self.connection("approve", key=key) as conn, conn.transaction():
+            row = await self._locked(conn, key, tenant)
+            updated = await conn.fetchrow(queries.APPROVE, key, actor)
+            if updated is None:
+                raise self._refuse(row, "approve")
+            await self.insert_event(
+                conn,
+                key,
+                actor=actor,
+                kind="approved",
+                from_status=Status.AWAITING_APPROVAL,
+                reason=reason.strip() if reason and reason.strip() else None,
+                detail={"payload_sha256": row["payload_sha256"]},
+            )
+        return to_record(updated)
+
+    async def deny(
+        self, key: str, *, actor: str, reason: str, tenant: str | None = None
+    ) -> ToolExecutionRecord:
+        """Deny an `awaiting_approval` call: `denied` is final, and nothing is ever sent."""
+        reason = require_text(reason, "denying a call")
+        actor = require_text(actor, "denying a call (actor)")
+        async with self.connection("deny", key=key) as conn, conn.transaction():
+            row = await self._locked(conn, key, tenant)
+            updated = await conn.fetchrow(queries.DENY, key, actor, reason)
+            if updated is None:
+                raise self._refuse(row, "deny")
+            await self.insert_event(
+                conn,
+                key,
+                actor=actor,
+                kind="denied",
+                from_status=Status.AWAITING_APPROVAL,
+                to_status=Status.DENIED,
+                reason=reason,
+            )
+        return to_record(updated)
+
+    async def escalate(self, key: str, *, owner: str, actor: str, reason: str) -> ToolExecutionRecord:
+        """Name who must look at a call. The outcome is not touched; escalating twice is a no-op."""
+        owner = require_text(owner, "escalating a call (owner)")
+        async with self.connection("escalate", key=key) as conn, conn.transaction():
+            row = await self._locked(conn, key, None)
+            updated = await conn.fetchrow(queries.ESCALATE, key, owner)
+            if updated is None:
+                return to_record(row)
+            await self.insert_event(
+                conn, key, actor=actor, kind="escalated", reason=reason, detail={"owner": owner}
+            )
+        return to_record(updated)
+
+    async def mark_compensated(
+        self, key: str, *, actor: str, reason: str, evidence: Any = None
+    ) -> ToolExecutionRecord:
+        """A completed call whose compensation took effect becomes `compensated`."""
+        reason = require_text(reason, "marking a call compensated")
+        async with self.connection("mark_compensated", key=key) as conn, conn.transaction():
+            row = await self._locked(conn, key, None)
+            if Status(row["status"]) is Status.COMPENSATED:
+                return to_record(row)
+            updated = await conn.fetchrow(queries.SET_COMPENSATED, key)
+            if updated is None:
+                raise self._refuse(row, "mark compensated")
+            await self.insert_event(
+                conn,
+                key,
+                actor=actor,
+                kind="compensated",
+                from_status=Status.COMPLETED,
+                to_status=Status.COMPENSATED,
+                reason=reason,
+                evidence=evidence,
+            )
+        return to_record(updated)

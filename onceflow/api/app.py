@@ -1,0 +1,363 @@
+"""The operator API: find unknown calls, settle them, approve or deny, ask for compensation.
+
+Every route is scoped to the tenant of the caller's token. Another tenant's key answers exactly as a
+key that does not exist. The ledger decides every change (compare-and-set); the API then tells the
+waiting workflow to read the ledger again.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError
+
+from activities.compensation import COMPENSATION_SUFFIX, compensation_key
+from ledger import (
+    InvalidTransitionError,
+    Ledger,
+    OperatorTokens,
+    RecordNotFoundError,
+    Status,
+    ToolExecutionRecord,
+)
+from onceflow.agents import AgentRegistry
+from onceflow.api.auth import Operator, RequireToken
+from onceflow.api.models import (
+    ApproveRequest,
+    CompensationStarted,
+    DecisionResponse,
+    ProblemDocument,
+    ReasonRequest,
+    ResolveRequest,
+    ToolExecutionList,
+    ToolExecutionView,
+)
+from onceflow.payloads import CompensationInput, ResolveSignal
+from onceflow.problems import PROBLEM_MEDIA_TYPE, Problem, install_problem_handlers
+from workflows.compensation import CompensationWorkflow, compensation_workflow_id
+
+log = logging.getLogger("onceflow.api")
+
+MAX_BODY_BYTES = 64 * 1024
+# No whitespace, slashes or control characters (PostgreSQL cannot store NUL at all). Written so that
+# Python and JSON Schema (ECMA-262) regexes mean the same set: their `\s` differ only in characters
+# that are excluded explicitly anyway (C0/C1 controls and U+FEFF).
+_KEY_CHAR = r"[^\s\x00-\x1f\x7f-\x9f\ufeff/]"
+_KEY_START = r"[^\s\x00-\x1f\x7f-\x9f\ufeff:/]"
+KEY_PATTERN = rf"^{_KEY_START}{_KEY_CHAR}{{0,254}}:{_KEY_CHAR}{{1,255}}$"
+# Free-text filters: anything PostgreSQL can store.
+_STORABLE = r"^[^\x00]*$"
+_KEY = re.compile(KEY_PATTERN)
+_LISTABLE = {Status.INDETERMINATE, Status.STARTED, Status.AWAITING_APPROVAL}
+
+# The patterns are published so clients (and fuzzers) know the contract; the handlers enforce them
+# with problem types of their own (invalid-key, invalid-status) rather than a generic 400.
+Key = Annotated[
+    str,
+    Path(
+        description="`<run_id>:<tool_call_id>`",
+        max_length=511,
+        json_schema_extra={"pattern": KEY_PATTERN},
+    ),
+]
+_STATUS_NAME = "(indeterminate|started|awaiting_approval)"
+STATUS_FILTER_PATTERN = rf"^{_STATUS_NAME}(,{_STATUS_NAME})*$"
+
+
+class _BodyLimit:
+    """Refuse request bodies over a size, whether announced by Content-Length or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._too_large(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise Problem(
+                    413, "body-too-large", "Body too large", f"bodies are limited to {self.limit} bytes"
+                )
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        problem = Problem(
+            413, "body-too-large", "Body too large", f"bodies are limited to {self.limit} bytes"
+        )
+        await problem.response()(scope, receive, send)
+
+
+def _not_found(key: str) -> Problem:
+    return Problem(404, "not-found", "Not found", f"no tool execution with key {key!r}", key=key)
+
+
+def _conflict(exc: InvalidTransitionError) -> Problem:
+    winner = exc.settled_by
+    when = exc.settled_at.isoformat() if exc.settled_at else None
+    if winner:
+        detail = f"{exc.key} was already decided by {winner} at {when}; it is {exc.current_status}"
+    else:
+        detail = f"{exc.key} is {exc.current_status}: {exc}"
+    return Problem(
+        409,
+        "conflict",
+        "Conflict",
+        detail,
+        key=exc.key,
+        current_status=exc.current_status,
+        decided_by=winner,
+        decided_at=when,
+    )
+
+
+def _check_key(key: str) -> str:
+    if not _KEY.fullmatch(key):  # fullmatch: `$` alone would let a trailing newline through
+        raise Problem(
+            400, "invalid-key", "Invalid key", "a key is `<run_id>:<tool_call_id>`, without spaces or slashes"
+        )
+    return key
+
+
+def _require_json(request: Request) -> None:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise Problem(415, "unsupported-media-type", "Unsupported media type", "send application/json")
+
+
+def _each_query_parameter_once(request: Request) -> None:
+    params = request.query_params
+    repeated = sorted({name for name in params if len(params.getlist(name)) > 1})
+    if repeated:
+        # FastAPI would silently keep the last value: `status=a&status=b` would filter by b alone.
+        raise Problem(
+            400,
+            "invalid-request",
+            "Invalid request",
+            f"give each query parameter at most once (repeated: {', '.join(repeated)})",
+        )
+
+
+# POST routes take JSON only; checked before the body is parsed.
+JSON = [Depends(_require_json)]
+QUERY = [Depends(_each_query_parameter_once)]
+
+# Every error is a problem document, and malformed input is 400, not FastAPI's default 422 shape.
+# Declaring 4XX also keeps FastAPI from publishing that 422 body, which this API never sends.
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    "4XX": {
+        "description": "400 malformed input, 401 no valid token, 404 no such key for your tenant, "
+        "409 already decided or not allowed in its state, 413 body too large, 415 not JSON, "
+        "422 refused by a business rule.",
+        "content": {PROBLEM_MEDIA_TYPE: {"schema": ProblemDocument.model_json_schema()}},
+    }
+}
+
+
+def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_queue: str) -> FastAPI:
+    app = FastAPI(
+        title="onceflow operator API",
+        version="1",
+        description=__doc__,
+        openapi_url="/openapi.json",
+        responses=PROBLEMS,
+    )
+    app.state.ledger = ledger
+    app.state.tokens = OperatorTokens(ledger)
+    install_problem_handlers(app)
+    app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES)
+    # Added last, so it runs first: no token, no other answer than 401.
+    app.add_middleware(RequireToken, tokens=app.state.tokens)
+
+    async def tell_workflow(record: ToolExecutionRecord, actor: str) -> bool:
+        """Nudge the workflow waiting on this call to read the ledger. A finished one is fine."""
+        if record.key.endswith(COMPENSATION_SUFFIX):
+            workflow_id = compensation_workflow_id(record.key.removesuffix(COMPENSATION_SUFFIX))
+        else:
+            workflow_id = record.run_id
+        try:
+            await client.get_workflow_handle(workflow_id).signal(
+                "resolve", ResolveSignal(key=record.key, actor=actor)
+            )
+        except RPCError as exc:
+            log.info("workflow %s not signalled about %s: %s", workflow_id, record.key, exc.message)
+            return False
+        return True
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/v1/tool-executions", response_model=ToolExecutionList, dependencies=QUERY)
+    async def list_executions(
+        operator: Operator,
+        status: Annotated[
+            str,
+            Query(
+                description="Comma-separated: indeterminate, started (owner gone), awaiting_approval.",
+                json_schema_extra={"pattern": STATUS_FILTER_PATTERN},
+            ),
+        ] = "indeterminate,started,awaiting_approval",
+        tool: Annotated[str | None, Query(max_length=200, pattern=_STORABLE)] = None,
+        agent: Annotated[str | None, Query(max_length=200, pattern=_STORABLE)] = None,
+        escalated: bool | None = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: Annotated[str | None, Query(max_length=1000)] = None,
+    ) -> ToolExecutionList:
+        """The tenant's calls nobody can vouch for yet, longest waiting first."""
+        try:
+            statuses = [Status(s.strip()) for s in status.split(",") if s.strip()]
+        except ValueError:
+            statuses = []
+        if not statuses or not set(statuses) <= _LISTABLE:
+            raise Problem(
+                400,
+                "invalid-status",
+                "Invalid status filter",
+                f"status must be a comma-separated subset of {', '.join(sorted(_LISTABLE))}",
+            )
+        try:
+            page = await ledger.list_unresolved(
+                operator.tenant,
+                statuses=statuses,
+                tool=tool,
+                agent=agent,
+                escalated=escalated,
+                limit=limit,
+                cursor=cursor,
+            )
+        except ValueError as exc:
+            raise Problem(400, "invalid-request", "Invalid request", str(exc)) from exc
+        return ToolExecutionList(
+            items=[ToolExecutionView.of(r) for r in page.records], next_cursor=page.next_cursor
+        )
+
+    @app.get("/v1/tool-executions/{key}", response_model=ToolExecutionView)
+    async def get_execution(key: Key, operator: Operator) -> ToolExecutionView:
+        """One call and every event that happened to it."""
+        try:
+            record = await ledger.get(_check_key(key), tenant=operator.tenant)
+        except RecordNotFoundError:
+            raise _not_found(key) from None
+        return ToolExecutionView.of(record, with_events=True)
+
+    @app.post("/v1/tool-executions/{key}/resolve", response_model=DecisionResponse, dependencies=JSON)
+    async def resolve(key: Key, body: ResolveRequest, operator: Operator) -> DecisionResponse:
+        """Settle an unknown call as completed or failed. Of two operators, the first wins."""
+        actor = f"operator:{operator.operator}"
+        try:
+            record = await ledger.settle(
+                _check_key(key),
+                status=Status(body.status),
+                actor=actor,
+                reason=body.reason,
+                evidence=body.evidence,
+                result=body.result,
+                tenant=operator.tenant,
+            )
+        except RecordNotFoundError:
+            raise _not_found(key) from None
+        except InvalidTransitionError as exc:
+            raise _conflict(exc) from None
+        signalled = await tell_workflow(record, actor)
+        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+
+    @app.post("/v1/tool-executions/{key}/approve", response_model=DecisionResponse, dependencies=JSON)
+    async def approve(key: Key, body: ApproveRequest, operator: Operator) -> DecisionResponse:
+        """Approve a call that waits for approval: it is then sent, once, with the payload shown."""
+        actor = f"operator:{operator.operator}"
+        try:
+            record = await ledger.approve(
+                _check_key(key), actor=actor, reason=body.reason, tenant=operator.tenant
+            )
+        except RecordNotFoundError:
+            raise _not_found(key) from None
+        except InvalidTransitionError as exc:
+            raise _conflict(exc) from None
+        signalled = await tell_workflow(record, actor)
+        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+
+    @app.post("/v1/tool-executions/{key}/deny", response_model=DecisionResponse, dependencies=JSON)
+    async def deny(key: Key, body: ReasonRequest, operator: Operator) -> DecisionResponse:
+        """Deny a call that waits for approval: it is never sent, and the model is told."""
+        actor = f"operator:{operator.operator}"
+        try:
+            record = await ledger.deny(
+                _check_key(key), actor=actor, reason=body.reason, tenant=operator.tenant
+            )
+        except RecordNotFoundError:
+            raise _not_found(key) from None
+        except InvalidTransitionError as exc:
+            raise _conflict(exc) from None
+        signalled = await tell_workflow(record, actor)
+        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+
+    @app.post(
+        "/v1/tool-executions/{key}/compensate",
+        response_model=CompensationStarted,
+        status_code=202,
+        dependencies=JSON,
+    )
+    async def compensate(
+        key: Key, body: ReasonRequest, operator: Operator, response: Response
+    ) -> CompensationStarted:
+        """Undo a completed call with its tool's compensation. Asking twice starts it once."""
+        try:
+            record = await ledger.get(_check_key(key), with_events=False, tenant=operator.tenant)
+        except RecordNotFoundError:
+            raise _not_found(key) from None
+        if record.status is not Status.COMPLETED:
+            raise Problem(
+                409,
+                "not-compensable",
+                "Not compensable",
+                f"{key} is {record.status}; only a completed call can be compensated",
+                key=key,
+                current_status=record.status.value,
+            )
+        try:
+            tool = registry.tool(record.agent, record.tool_name)
+        except LookupError as exc:
+            raise Problem(422, "unknown-tool", "Unknown tool", str(exc), key=key) from None
+        if tool.compensation is None:
+            raise Problem(
+                422,
+                "no-compensation",
+                "No compensation",
+                f"tool {tool.name!r} declares no compensation; it cannot be undone by onceflow",
+                key=key,
+            )
+        workflow_id = compensation_workflow_id(key)
+        await client.start_workflow(
+            CompensationWorkflow.run,
+            CompensationInput(
+                key=key, tenant=operator.tenant, actor=f"operator:{operator.operator}", reason=body.reason
+            ),
+            id=workflow_id,
+            task_queue=task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=f"compensate {record.tool_name} {key}",
+        )
+        response.headers["Location"] = f"/v1/tool-executions/{compensation_key(key)}"
+        return CompensationStarted(key=key, compensation_key=compensation_key(key), workflow_id=workflow_id)
+
+    return app

@@ -1,0 +1,143 @@
+"""What the operator API reads and writes. Unknown fields are refused, never ignored."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from ledger import Status, ToolExecutionEvent, ToolExecutionRecord
+
+MAX_REASON = 2000
+
+# PostgreSQL cannot store NUL (U+0000) in text or jsonb: refuse it here as bad input, not as a 500.
+NO_NUL = r"^[^\x00]*$"
+
+Reason = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON, pattern=NO_NUL)
+]
+
+
+def _contains_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_contains_nul(v) for v in value)
+    return False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResolveRequest(_Request):
+    """Settle an unknown call: what happened, why you know, and what the other system said."""
+
+    status: Literal["completed", "failed"]
+    reason: Reason
+    evidence: dict[str, Any] | None = Field(None, description="Any JSON object; no NUL in its text.")
+    result: Any = Field(None, description="Any JSON; no NUL in its text.")
+
+    @field_validator("evidence", "result")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        if _contains_nul(value):
+            raise ValueError("text may not contain NUL (\\u0000)")
+        return value
+
+
+class ReasonRequest(_Request):
+    reason: Reason
+
+
+class ApproveRequest(_Request):
+    reason: Reason | None = None
+
+
+class EventView(BaseModel):
+    at: datetime
+    actor: str
+    kind: str
+    from_status: Status | None = None
+    to_status: Status | None = None
+    reason: str | None = None
+    evidence: Any = None
+    detail: Any = None
+
+    @classmethod
+    def of(cls, event: ToolExecutionEvent) -> EventView:
+        return cls.model_validate(event.model_dump(exclude={"id", "key"}))
+
+
+class ToolExecutionView(BaseModel):
+    """A call as an operator sees it. The fencing token (owner) is shown; payload in full."""
+
+    key: str
+    run_id: str
+    tool_call_id: str
+    agent: str
+    tool: str
+    side_effect: str
+    status: Status
+    payload: dict[str, Any]
+    payload_sha256: str
+    attempt: int
+    owner: str | None
+    result: Any = None
+    result_reference: str | None = None
+    failure_kind: str | None = None
+    error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    settled_at: datetime | None = None
+    settled_by: str | None = None
+    reason: str | None = None
+    evidence: Any = None
+    approved_by: str | None = None
+    approved_at: datetime | None = None
+    escalated_to: str | None = None
+    escalated_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    events: list[EventView] | None = None
+
+    @classmethod
+    def of(cls, record: ToolExecutionRecord, *, with_events: bool = False) -> ToolExecutionView:
+        data = record.model_dump(exclude={"events", "tenant", "tool_name"})
+        events = [EventView.of(e) for e in record.events] if with_events else None
+        return cls(**data, tool=record.tool_name, events=events)
+
+
+class ToolExecutionList(BaseModel):
+    items: list[ToolExecutionView]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last.")
+
+
+class DecisionResponse(BaseModel):
+    """The record after a decision, and whether the run waiting on it was told."""
+
+    execution: ToolExecutionView
+    run_signalled: bool
+
+
+class CompensationStarted(BaseModel):
+    key: str
+    compensation_key: str
+    workflow_id: str
+
+
+class ProblemDocument(BaseModel):
+    """An error, as RFC 9457 problem details (`application/problem+json`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="`urn:onceflow:problem:<slug>`; stable, safe to branch on.")
+    title: str
+    status: int
+    detail: str
+    key: str | None = None
+    current_status: str | None = Field(None, description="On 409: where the call stands now.")
+    decided_by: str | None = Field(None, description="On 409: who decided first.")
+    decided_at: str | None = Field(None, description="On 409: when they decided.")

@@ -1,0 +1,59 @@
+"""The operator API served for real (uvicorn on a loopback port) over the session's Temporal, a
+fresh ledger and an in-process worker, so that HTTP clients, the CLI and fuzzers can all reach it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+from temporalio.client import Client
+
+from ledger import Ledger, OperatorTokens
+from onceflow.agents import AgentRegistry
+from onceflow.api.app import create_app
+from tests.support.processes import free_port
+from tests.workflow_harness import Harness, running_worker
+
+
+@dataclass
+class OperatorApi:
+    url: str
+    http: httpx.AsyncClient
+    ledger: Ledger
+    runs: Harness
+
+    async def token(self, tenant: str = "acme", operator: str = "alice") -> str:
+        _, secret = await OperatorTokens(self.ledger).create(tenant=tenant, operator=operator)
+        return secret
+
+    async def as_operator(self, tenant: str = "acme", operator: str = "alice") -> httpx.AsyncClient:
+        """An HTTP client that sends this operator's token."""
+        token = await self.token(tenant, operator)
+        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+@asynccontextmanager
+async def serving_api(client: Client, ledger: Ledger, registry: AgentRegistry) -> AsyncIterator[OperatorApi]:
+    async with running_worker(client, ledger, registry) as runs:
+        app = create_app(ledger=ledger, client=client, registry=registry, task_queue=runs.task_queue)
+        port = free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        )
+        task = asyncio.create_task(server.serve(), name=f"operator-api-{uuid.uuid4().hex[:6]}")
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                yield OperatorApi(url=url, http=http, ledger=ledger, runs=runs)
+        finally:
+            server.should_exit = True
+            await task

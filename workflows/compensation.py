@@ -1,0 +1,142 @@
+"""CompensationWorkflow: undo one completed call, once, because an operator asked.
+
+Started only by the operator API (id `compensation:<key>`, so asking twice while it runs starts it
+once). Nothing in the runtime starts it on its own: not a failed, cancelled, timed-out or reset run.
+The compensation is a single-attempt write with its own key, `<key>:compensation`. If its outcome is
+unknown, it waits, like any unknown call, for an operator's `resolve` (to the compensation key);
+the API passes that resolve to this workflow.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.compensation import CompensationActivities
+    from activities.ledger_steps import LedgerActivities
+    from ledger.status import Status
+    from onceflow.constants import (
+        ACTIVITY_MARGIN,
+        LEDGER_RETRY,
+        LEDGER_STEP_TIMEOUT,
+        PHASE,
+        TENANT,
+        UNRESOLVED_KEYS,
+        WRITE_ONCE,
+    )
+    from onceflow.payloads import (
+        CallRef,
+        CompensationInput,
+        CompensationPlan,
+        CompensationResult,
+        Phase,
+        ResolveSignal,
+        ToolOutcome,
+    )
+
+# The compensation activity lost before it reserved anything is run again at most this often.
+_MAX_UNRESERVED_RERUNS = 3
+
+
+def compensation_workflow_id(key: str) -> str:
+    return f"compensation:{key}"
+
+
+@workflow.defn
+class CompensationWorkflow:
+    def __init__(self) -> None:
+        self._nudged = False
+
+    @workflow.signal
+    def resolve(self, signal: ResolveSignal) -> None:
+        """Someone settled the compensation call in the ledger: read it again."""
+        self._nudged = True
+
+    @workflow.run
+    async def run(self, request: CompensationInput) -> CompensationResult:
+        workflow.upsert_search_attributes(
+            [PHASE.value_set(Phase.RUNNING.value), TENANT.value_set(request.tenant)]
+        )
+        plan: CompensationPlan = await workflow.execute_activity_method(
+            CompensationActivities.plan_compensation,
+            request,
+            start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+            summary=f"check {request.key} can be compensated",
+        )
+        outcome = await self._compensate_once(request, plan)
+        while outcome.status in (Status.STARTED, Status.INDETERMINATE):
+            outcome = await self._await_resolution(plan, outcome)
+        original = await workflow.execute_activity_method(
+            CompensationActivities.finish_compensation,
+            request,
+            start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+            summary=f"record the outcome on {request.key}",
+        )
+        workflow.upsert_search_attributes(
+            [PHASE.value_set(Phase.COMPLETED.value), UNRESOLVED_KEYS.value_unset()]
+        )
+        return CompensationResult(
+            key=request.key,
+            compensation_key=plan.compensation_key,
+            status=Status(outcome.status),
+            original_status=Status(original.status),
+            value=outcome.value,
+        )
+
+    async def _compensate_once(self, request: CompensationInput, plan: CompensationPlan) -> ToolOutcome:
+        ref = CallRef(key=plan.compensation_key, tool=plan.hook, tool_call_id=plan.compensation_key)
+        for _ in range(_MAX_UNRESERVED_RERUNS + 1):
+            try:
+                outcome: ToolOutcome = await workflow.execute_activity_method(
+                    CompensationActivities.run_compensation,
+                    request,
+                    start_to_close_timeout=timedelta(seconds=plan.timeout_seconds) + ACTIVITY_MARGIN,
+                    retry_policy=WRITE_ONCE,
+                    summary=f"{plan.hook} {plan.compensation_key}",
+                )
+                return outcome
+            except ActivityError as err:
+                found = await workflow.execute_activity_method(
+                    LedgerActivities.inspect_call,
+                    ref,
+                    start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+                    retry_policy=LEDGER_RETRY,
+                    summary=f"inspect {ref.key}",
+                )
+                if found is not None:
+                    return found
+                workflow.logger.warning("compensation of %s not reserved (%s); again", request.key, err)
+                # No row: nothing was sent; running it again is safe. The ledger guards the key.
+        raise ApplicationError(
+            f"compensation of {request.key} could not be reserved",
+            type="CompensationBroken",
+            non_retryable=True,
+        )
+
+    async def _await_resolution(self, plan: CompensationPlan, outcome: ToolOutcome) -> ToolOutcome:
+        workflow.upsert_search_attributes(
+            [
+                PHASE.value_set(Phase.AWAITING_RECONCILIATION.value),
+                UNRESOLVED_KEYS.value_set([plan.compensation_key]),
+            ]
+        )
+        workflow.set_current_details(
+            f"The compensation {plan.compensation_key} is {outcome.status}: an operator must find out "
+            "whether it took effect and resolve it."
+        )
+        await workflow.wait_condition(lambda: self._nudged)
+        self._nudged = False
+        ref = CallRef(key=plan.compensation_key, tool=plan.hook, tool_call_id=plan.compensation_key)
+        found: ToolOutcome | None = await workflow.execute_activity_method(
+            LedgerActivities.inspect_call,
+            ref,
+            start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+            summary=f"read {ref.key}",
+        )
+        return found or outcome

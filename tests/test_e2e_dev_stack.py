@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
 from tests.test_e2e_demo import free_port
 
@@ -23,7 +26,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 @pytest.fixture
 def dev_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
-    ports = {"temporal": free_port(), "ui": free_port(), "billing": free_port()}
+    ports = {"temporal": free_port(), "ui": free_port(), "billing": free_port(), "api": free_port()}
     data_dir = tmp_path / "stack"
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "ONCEFLOW_DATABASE_URL")}
     command = [
@@ -37,6 +40,8 @@ def dev_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
         str(ports["ui"]),
         "--billing-port",
         str(ports["billing"]),
+        "--api-port",
+        str(ports["api"]),
     ]
     log_path = tmp_path / "dev.log"
     with log_path.open("wb") as log:
@@ -53,6 +58,7 @@ def dev_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
         "TEMPORAL_ADDRESS": info["temporal_address"],
         "ONCEFLOW_DATABASE_URL": info["database_url"],
         "ONCEFLOW_BILLING_URL": info["billing_url"],
+        "ONCEFLOW_API": info["api_url"],
         "DATA_DIR": str(data_dir),
         "COMMAND": json.dumps(command),
         "PID": str(process.pid),
@@ -162,6 +168,30 @@ def test_readme_walkthrough_against_onceflow_dev(dev_stack: dict[str, str]) -> N
     effects = httpx.get(f"{billing}/effects/refund-1001:call_1_0").json()
     assert effects["applied"] == 1
 
+    # The operator API: a token as the README makes one, then the call as the API shows it.
+    token_line = next(
+        line
+        for line in readme_block("## The operator API and CLI", "sh").splitlines()
+        if "tokens create" in line
+    )
+    created = subprocess.run(
+        token_line.removeprefix("export ONCEFLOW_TOKEN=$(")
+        .removesuffix(")")
+        .replace(".venv/bin/", f"{BIN}/"),
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert created.returncode == 0, created.stderr
+    headers = {"Authorization": f"Bearer {created.stdout.strip()}"}
+    api = env["ONCEFLOW_API"]
+    assert httpx.get(f"{api}/v1/tool-executions", headers=headers).json()["items"] == []
+    shown = httpx.get(f"{api}/v1/tool-executions/refund-1001:call_1_0", headers=headers).json()
+    assert (shown["status"], shown["settled_by"]) == ("completed", "alice")
+    assert httpx.get(f"{api}/v1/tool-executions").status_code == 401
+
     # Ctrl-C stops everything `onceflow dev` started.
     os.kill(int(env["PID"]), signal.SIGINT)
     deadline = time.monotonic() + 30
@@ -170,3 +200,54 @@ def test_readme_walkthrough_against_onceflow_dev(dev_stack: dict[str, str]) -> N
         time.sleep(0.2)
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{billing}/health", timeout=2)
+
+
+async def test_onceflow_dev_uses_the_temporal_and_database_it_is_given(
+    tmp_path: Path, temporal_env: WorkflowEnvironment, database_url: str
+) -> None:
+    data_dir = tmp_path / "stack"
+    temporal_address = temporal_env.client.service_client.config.target_host
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal_address, "ONCEFLOW_DATABASE_URL": database_url}
+    command = [
+        str(BIN / "onceflow"),
+        "dev",
+        "--data-dir",
+        str(data_dir),
+        "--billing-port",
+        str(free_port()),
+        "--api-port",
+        str(free_port()),
+        # Ports it must not need: nothing may listen on them.
+        "--temporal-port",
+        str(unused_temporal := free_port()),
+        "--ui-port",
+        str(free_port()),
+    ]
+    log_path = tmp_path / "dev.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.to_thread(
+            subprocess.Popen, command, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+    try:
+        stack_file = data_dir / "stack.json"
+        deadline = time.monotonic() + 90
+        while not stack_file.exists():
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "onceflow dev did not come up"
+            await asyncio.sleep(0.2)
+        info = json.loads(stack_file.read_text())
+        assert (info["temporal_address"], info["database_url"], info["ui_url"]) == (
+            temporal_address,
+            database_url,
+            None,
+        )
+        assert not (data_dir / "postgres").exists()
+        assert not (data_dir / "temporal.db").exists()
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", unused_temporal)) != 0
+        # Its worker and API work against what it was given.
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"{info['api_url']}/healthz")).status_code == 200
+    finally:
+        process.send_signal(signal.SIGINT)
+        await asyncio.to_thread(process.wait, 30)

@@ -465,3 +465,20 @@ async def test_timeouts_are_measured_against_a_real_clock(operator_api: Operator
             f"/v1/tool-executions/{call.key}/resolve", json={"status": "failed", "reason": "x"}
         )
         assert busy.status_code == 409 and busy.json()["current_status"] == "started"
+
+
+async def test_an_approval_that_lands_before_the_run_starts_waiting_is_not_lost(
+    operator_api: OperatorApi,
+) -> None:
+    # Approve the moment the row exists: the signal often reaches the run before it waits.
+    async with await operator_api.as_operator() as acme:
+        for _ in range(5):
+            payload, _ = order()
+            handle = await operator_api.runs.start("credit-approval", payload)
+            key = f"{handle.id}:call_1_0"
+            while (await operator_api.ledger.find(key)) is None:
+                await asyncio.sleep(0.005)
+            assert (await acme.post(f"/v1/tool-executions/{key}/approve", json={})).status_code == 200
+            result = await asyncio.wait_for(handle.result(), 20)  # the deadline is a day away
+            assert result.calls[-1].status == "completed"
+            assert DOWNSTREAM.effects[key] == 1

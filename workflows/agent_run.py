@@ -108,10 +108,12 @@ class AgentRunWorkflow:
 
     @workflow.signal
     async def resolve(self, signal: ResolveSignal) -> None:
+        # Kept until the call's wait consumes it, so a decision that lands before the run starts
+        # waiting is not lost: the run then asks the ledger once more.
+        self._nudged.add(signal.key)
         pending = self._pending.get(signal.key)
         if pending is not None and pending.status == Status.AWAITING_APPROVAL:
-            self._nudged.add(signal.key)  # an approval or a denial: the run asks the ledger
-            return
+            return  # an approval or a denial: the waiting call asks the ledger itself
         if signal.key not in self._calls_by_key():
             self._last_resolve_error = f"{signal.key!r} is not a write call of this run"
             workflow.logger.warning(self._last_resolve_error)
@@ -325,9 +327,9 @@ class AgentRunWorkflow:
             f"Waiting for an operator to approve or deny {ref.key} ({ref.tool}) before it is sent."
         )
         while outcome.status is Status.AWAITING_APPROVAL:
-            self._nudged.discard(ref.key)
             remaining = (deadline - workflow.now()).total_seconds()
             nudged = remaining > 0 and await self._wait_for_nudge(ref.key, remaining)
+            self._nudged.discard(ref.key)
             if not nudged:
                 outcome = await workflow.execute_activity_method(
                     LedgerActivities.expire_approval,

@@ -276,7 +276,7 @@ async def test_outcomes_for_an_unknown_key_are_not_found(ledger: Ledger) -> None
 # -- events ------------------------------------------------------------------------------------------
 
 
-async def test_events_cannot_be_updated_or_deleted(ledger: Ledger, database_url: str) -> None:
+async def test_events_cannot_be_updated_deleted_or_truncated(ledger: Ledger, database_url: str) -> None:
     key = await started(ledger)
     conn = await asyncpg.connect(database_url)
     try:
@@ -284,6 +284,8 @@ async def test_events_cannot_be_updated_or_deleted(ledger: Ledger, database_url:
             await conn.execute("UPDATE tool_execution_events SET actor = 'someone else' WHERE key = $1", key)
         with pytest.raises(asyncpg.RaiseError, match="append-only"):
             await conn.execute("DELETE FROM tool_execution_events WHERE key = $1", key)
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await conn.execute("TRUNCATE tool_execution_events CASCADE")
         assert [r["actor"] for r in await conn.fetch(queries.SELECT_EVENTS, key)] == ["worker-1"]
     finally:
         await conn.close()

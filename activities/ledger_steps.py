@@ -21,6 +21,7 @@ from onceflow.payloads import (
     ExpireApprovalInput,
     OwnerOutcome,
     SettleInput,
+    SettleResult,
     ToolOutcome,
 )
 
@@ -54,9 +55,14 @@ class LedgerActivities:
         return await record_outcome(self.ledger, outcome)
 
     @activity.defn(name="settle_call")
-    async def settle_call(self, request: SettleInput) -> ToolOutcome:
-        """A resolve signal: settle by compare-and-set if it carries a status, then read the truth."""
+    async def settle_call(self, request: SettleInput) -> SettleResult:
+        """A resolve signal: settle by compare-and-set if it carries a status, then read the truth.
+
+        A resolve that lost to an earlier decision is not an error for the run (the ledger's answer
+        stands and the run acts on it), but it is reported back as `refused`, naming the winner.
+        """
         signal = request.signal
+        refused = None
         try:
             if signal.status is not None:
                 await self.ledger.settle(
@@ -75,8 +81,9 @@ class LedgerActivities:
             raise ApplicationError(str(exc), type="RecordNotFound", non_retryable=True) from exc
         except InvalidTransitionError as exc:
             activity.logger.info("resolve of %s lost the race: %s", signal.key, exc)
+            refused = f"resolve by {signal.actor} refused: {exc}"
             record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
-        return outcome_from_record(record)
+        return SettleResult(outcome=outcome_from_record(record), refused=refused)
 
     @activity.defn(name="expire_approval")
     async def expire_approval(self, request: ExpireApprovalInput) -> ToolOutcome:

@@ -200,6 +200,11 @@ class SettleInput(_Frozen):
     signal: ResolveSignal
 
 
+class SettleResult(_Frozen):
+    outcome: ToolOutcome
+    refused: str | None = None  # the resolve lost to an earlier decision: who, and when
+
+
 class ReconcileInput(_Frozen):
     key: str
     run_id: str

@@ -119,7 +119,7 @@ class AgentRunWorkflow:
             workflow.logger.warning(self._last_resolve_error)
             return
         try:
-            outcome = await workflow.execute_activity_method(
+            settled = await workflow.execute_activity_method(
                 LedgerActivities.settle_call,
                 SettleInput(tenant=self._tenant, signal=signal),
                 start_to_close_timeout=LEDGER_STEP_TIMEOUT,
@@ -130,6 +130,10 @@ class AgentRunWorkflow:
             self._last_resolve_error = str(err.cause or err)
             workflow.logger.warning("resolve of %s refused: %s", signal.key, self._last_resolve_error)
             return
+        if settled.refused:
+            self._last_resolve_error = settled.refused
+            workflow.logger.warning("%s", settled.refused)
+        outcome = settled.outcome
         if outcome.status in SETTLED and signal.key in self._pending:
             self._resolved[signal.key] = outcome
 

@@ -88,3 +88,14 @@ async def start_billing_service(processes: ChildProcesses, db: Path) -> str:
                 pass
             await asyncio.sleep(0.05)
     raise RuntimeError(f"the billing service did not answer:\n{processes.log('billing')}")
+
+
+def kill_together(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every process (and what each started) before reaping any: they die at the same moment."""
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for process in processes:
+        process.wait(timeout=10)

@@ -6,9 +6,10 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from ledger import CallIdentity, Ledger, SideEffect, Status
@@ -28,7 +29,7 @@ async def harness(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIte
         yield h
 
 
-async def wait_for_phase(handle, phase: Phase, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
+async def wait_for_phase(handle: WorkflowHandle[Any, Any], phase: Phase, timeout: float = 20) -> None:
     async def poll() -> None:
         while (await handle.query(AgentRunWorkflow.status)).phase != phase:
             await asyncio.sleep(0.1)

@@ -188,7 +188,7 @@ async def test_reserve_statement_updates_only_failed_rows(database_url: str) -> 
         for status in Status:
             key = f"run-{status.value}:call-1"
             await _insert_row(conn, key, status)
-            before = dict(await conn.fetchrow(queries.SELECT_RECORD, key))
+            before = await conn.fetchrow(queries.SELECT_RECORD, key)
             run_id, tool_call_id = key.split(":")
 
             row = await conn.fetchrow(
@@ -207,14 +207,15 @@ async def test_reserve_statement_updates_only_failed_rows(database_url: str) -> 
                 None,
             )
 
-            after = dict(await conn.fetchrow(queries.SELECT_RECORD, key))
+            after = await conn.fetchrow(queries.SELECT_RECORD, key)
+            assert before is not None and after is not None
             if status is Status.FAILED:
                 assert row is not None
                 assert (row["status"], row["attempt"], row["owner"]) == ("started", 2, "worker-2")
                 assert row["inserted"] is False
             else:
                 assert row is None, f"RESERVE took over a {status} row"
-                assert after == before, f"RESERVE changed a {status} row"
+                assert dict(after) == dict(before), f"RESERVE changed a {status} row"
     finally:
         await conn.close()
 

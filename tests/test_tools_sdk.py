@@ -142,8 +142,8 @@ def test_a_tool_must_be_async() -> None:
     tools = Toolset("sync")
     with pytest.raises(TypeError, match="async"):
 
-        @tools.tool(read())
-        def lookup(account_id: str) -> None:  # type: ignore[arg-type]
+        @tools.tool(read())  # type: ignore[arg-type]
+        def lookup(account_id: str) -> None:
             return None
 
 

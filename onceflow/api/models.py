@@ -11,11 +11,17 @@ from ledger import Status, ToolExecutionEvent, ToolExecutionRecord
 
 MAX_REASON = 2000
 
-# PostgreSQL cannot store NUL (U+0000) in text or jsonb: refuse it here as bad input, not as a 500.
-NO_NUL = r"^[^\x00]*$"
+# What strip_whitespace removes (Unicode White_Space), spelled out: `\s` means slightly different
+# things in the Rust, Python and JSON Schema (ECMA-262) regex dialects, and the published pattern
+# must mean exactly what the server accepts.
+_SPACE = r"\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# Something besides white space, and no NUL (U+0000), which PostgreSQL cannot store in text or jsonb:
+# refused here as bad input rather than failing in the database as a 500.
+REASON_PATTERN = rf"^[^\x00]*[^\x00{_SPACE}][^\x00]*$"
 
 Reason = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON, pattern=NO_NUL)
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON, pattern=REASON_PATTERN),
 ]
 
 

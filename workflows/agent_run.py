@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         ESCALATED_TO,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
+        MODEL_HEARTBEAT,
         MODEL_RETRY,
         MODEL_TIMEOUT,
         PHASE,
@@ -173,6 +174,7 @@ class AgentRunWorkflow:
                 ModelActivities.call_model,
                 ModelCallInput(agent=spec.name, run_id=workflow.info().workflow_id, messages=messages),
                 start_to_close_timeout=MODEL_TIMEOUT,
+                heartbeat_timeout=MODEL_HEARTBEAT,
                 retry_policy=MODEL_RETRY,
                 summary=f"model turn {turn}",
             )

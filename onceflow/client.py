@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
@@ -25,6 +27,31 @@ class RunIdTakenError(ValueError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run id {run_id!r} is already taken; choose a new one")
         self.run_id = run_id
+
+
+T = TypeVar("T")
+
+# How long `run` lets the Temporal client's native threads go quiet before Python shuts down.
+_CLIENT_GRACE_SECONDS = 0.25
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` for short client scripts that talk to Temporal.
+
+    The Temporal client's native (Rust) threads can still deliver a callback just after the last
+    call returns; if Python is already finalizing, the process aborts ("PyGILState_Release ...
+    finalizing", temporalio/sdk-python#300) although the work is done. Measured here: about one
+    exit in six for the README's snippet. This waits a moment inside the event loop, after `main`,
+    so those callbacks land while Python is still running.
+    """
+
+    async def main_then_settle() -> T:
+        try:
+            return await main
+        finally:
+            await asyncio.sleep(_CLIENT_GRACE_SECONDS)
+
+    return asyncio.run(main_then_settle())
 
 
 async def connect(settings: Settings | None = None) -> Client:

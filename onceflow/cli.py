@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -66,6 +68,11 @@ def dev(
     config = StackConfig(data_dir, temporal_port, ui_port, billing_port, api_port)
 
     async def serve() -> None:
+        # Ctrl-C and SIGTERM (kill, systemd, a supervisor) both stop everything this started.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         stack = DevStack(config)
         try:
             info = await stack.start()
@@ -88,16 +95,16 @@ def dev(
             typer.echo("  export ONCEFLOW_TOKEN=$(onceflow tokens create --tenant acme --operator $USER)")
             typer.echo("  onceflow executions list")
             typer.echo("Ctrl-C stops everything.")
-            while (problem := stack.check_alive()) is None:
-                await asyncio.sleep(1)
-            typer.echo(f"stopping: {problem}", err=True)
+            while (problem := stack.check_alive()) is None and not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1)
+            if problem:
+                typer.echo(f"stopping: {problem}", err=True)
         finally:
             await stack.stop()
-
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
         typer.echo("stopped")
+
+    asyncio.run(serve())
 
 
 @app.command()

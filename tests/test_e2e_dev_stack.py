@@ -248,6 +248,15 @@ async def test_onceflow_dev_uses_the_temporal_and_database_it_is_given(
         # Its worker and API work against what it was given.
         async with httpx.AsyncClient() as http:
             assert (await http.get(f"{info['api_url']}/healthz")).status_code == 200
+        # SIGTERM (kill, a supervisor) stops everything it started, as Ctrl-C does.
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 30) == 0
+        assert not stack_file.exists()
+        async with httpx.AsyncClient() as http:
+            for url in (f"{info['api_url']}/healthz", f"{info['billing_url']}/health"):
+                with pytest.raises(httpx.TransportError):
+                    await http.get(url, timeout=2)
     finally:
-        process.send_signal(signal.SIGINT)
-        await asyncio.to_thread(process.wait, 30)
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            await asyncio.to_thread(process.wait, 30)

@@ -463,7 +463,9 @@ def main() -> None:
         parser.error("--runs must be at least 1 and --warmup at least 0")
     if args.shared_ssl_context:
         share_ssl_context()
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     asyncio.run(bench(args.runs, args.warmup, args.plain_shape, args.shared_ssl_context))
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

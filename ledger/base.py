@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any, Self
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 import asyncpg
-from opentelemetry import trace
+from opentelemetry import context, trace
 
 from ledger import queries
 from ledger.errors import LedgerUnavailableError, ReasonRequiredError, RecordNotFoundError
@@ -16,6 +15,7 @@ from ledger.records import ToolExecutionRecord
 from ledger.status import Status
 
 tracer = trace.get_tracer("onceflow.ledger")
+_E = TypeVar("_E", bound=BaseException | None)
 
 # Driver errors that mean "the database is not there right now": nothing is known to have changed.
 UNAVAILABLE = (
@@ -28,8 +28,12 @@ UNAVAILABLE = (
 )
 
 
+# Made once: json.dumps with any non-default option builds a new encoder on every call.
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+
+
 def to_json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return None if value is None else _JSON.encode(value)
 
 
 def require_text(value: str | None, action: str) -> str:
@@ -44,6 +48,58 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     The ledger never changes session state (no SET, LISTEN, cursors or advisory locks), and asyncpg
     still rolls back a transaction left open before calling this.
     """
+
+
+class _Operation:
+    """One ledger operation: a `ledger.<name>` span around a connection from asyncpg's pool.
+
+    Written as one context manager rather than three nested ones (a span, making it current, a
+    pool checkout) because it runs twice per side-effecting tool call. It ends the span the way
+    `Tracer.start_as_current_span` does, recording an exception as the span's error.
+    """
+
+    __slots__ = ("_attributes", "_conn", "_name", "_pool", "_span", "_token")
+
+    def __init__(self, pool: asyncpg.Pool, name: str, attributes: dict[str, str]) -> None:
+        self._pool = pool
+        self._name = name
+        self._attributes = attributes
+
+    async def __aenter__(self) -> Any:  # an asyncpg connection (Any, for the callers' typing)
+        self._span = tracer.start_span(f"ledger.{self._name}", attributes=self._attributes)
+        self._token = context.attach(trace.set_span_in_context(self._span))
+        try:
+            self._conn = await self._pool.acquire()
+        except UNAVAILABLE as exc:
+            raise self._end(LedgerUnavailableError(f"ledger {self._name} failed: {exc}")) from exc
+        except asyncpg.PostgresError as exc:
+            # Refused while connecting ("not currently accepting connections", "too many
+            # clients"...): no statement ran, so this is the database being away, nothing more.
+            raise self._end(LedgerUnavailableError(f"ledger {self._name} failed to connect: {exc}")) from exc
+        except BaseException as exc:
+            self._end(exc)
+            raise
+        return self._conn
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self._pool.release(self._conn)
+        finally:
+            if isinstance(exc, UNAVAILABLE):
+                raise self._end(LedgerUnavailableError(f"ledger {self._name} failed: {exc}")) from exc
+            self._end(exc)
+
+    def _end(self, exc: _E) -> _E:
+        """Leave the span's context and end it, recording `exc` as its error; returns `exc`."""
+        context.detach(self._token)
+        span = self._span
+        if isinstance(exc, Exception) and span.is_recording():
+            span.record_exception(exc)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.end()
+        return exc
 
 
 class LedgerBase:
@@ -63,28 +119,20 @@ class LedgerBase:
     async def close(self) -> None:
         await self._pool.close()
 
-    @asynccontextmanager
-    async def connection(self, operation: str, **attributes: Any) -> AsyncIterator[Any]:
-        """A pooled connection inside a `ledger.<operation>` span; outages become LedgerUnavailable."""
+    def connection(self, operation: str, **attributes: Any) -> _Operation:
+        """`async with` a pooled connection inside a `ledger.<operation>` span.
+
+        Attributes become `onceflow.<name>` span attributes (None is left out); outages become
+        LedgerUnavailableError.
+        """
         span_attributes = {f"onceflow.{k}": str(v) for k, v in attributes.items() if v is not None}
-        with tracer.start_as_current_span(f"ledger.{operation}", attributes=span_attributes):
-            connected = False
-            try:
-                async with self._pool.acquire() as conn:
-                    connected = True
-                    yield conn
-            except UNAVAILABLE as exc:
-                raise LedgerUnavailableError(f"ledger {operation} failed: {exc}") from exc
-            except asyncpg.PostgresError as exc:
-                if connected:
-                    raise
-                # Refused while connecting ("not currently accepting connections", "too many
-                # clients"...): no statement ran, so this is the database being away, nothing more.
-                raise LedgerUnavailableError(f"ledger {operation} failed to connect: {exc}") from exc
+        return _Operation(self._pool, operation, span_attributes)
 
     @staticmethod
     def annotate(record: ToolExecutionRecord, outcome: str | None = None) -> None:
         span = trace.get_current_span()
+        if not span.is_recording():
+            return
         span.set_attribute("onceflow.tool", record.tool_name)
         span.set_attribute("onceflow.status", record.status.value)
         if outcome:

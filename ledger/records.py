@@ -98,11 +98,24 @@ def row_to_dict(row: asyncpg.Record) -> dict[str, Any]:
     return data
 
 
+_RECORD_JSON_COLUMNS = ("payload", "result", "evidence")
+
+
 def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = None) -> ToolExecutionRecord:
-    data = row_to_dict(row)
+    """A row of tool_executions (and any extra columns a statement adds, which are dropped) as a record.
+
+    Validated, not `model_construct`ed: pydantic's validator checks and converts the row's values
+    (status and side effect to their enums) in less time than `model_construct` copies them.
+    """
+    data = dict(row)
+    for column in _RECORD_JSON_COLUMNS:
+        value = data.get(column)
+        if isinstance(value, str):
+            data[column] = json.loads(value)
     data.pop("inserted", None)
     data.pop("owner_gone", None)
-    return ToolExecutionRecord(**data, events=events or [])
+    data["events"] = events or []  # passed, so that pydantic need not deep-copy the default
+    return ToolExecutionRecord.model_validate(data)
 
 
 def to_event(row: asyncpg.Record) -> ToolExecutionEvent:

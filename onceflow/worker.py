@@ -39,19 +39,26 @@ def build_worker(
     )
 
 
-async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
-    """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
+async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[AgentRegistry, Ledger]:
+    """What the worker and the API check before serving: agents.yaml loads and the ledger answers
+    (migrated). Anything wrong ends the process with a message naming it."""
     if not settings.database_url:
-        raise SystemExit("ONCEFLOW_DATABASE_URL is not set: the worker needs the ledger database")
+        raise SystemExit(f"ONCEFLOW_DATABASE_URL is not set: the {process} needs the ledger database")
     try:
         registry = load_agents(settings.agents_path)
     except AgentConfigError as exc:
-        raise SystemExit(f"cannot start the worker: {exc}") from exc
+        raise SystemExit(f"cannot start the {process}: {exc}") from exc
     try:
         await migrate(settings.database_url)
         ledger = await Ledger.connect(settings.database_url)
     except (OSError, LedgerError, asyncpg.PostgresError) as exc:
         raise SystemExit(f"cannot reach the ledger database: {exc}") from exc
+    return registry, ledger
+
+
+async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
+    registry, ledger = await open_agents_and_ledger(settings, "worker")
     try:
         client = await connect(settings)
         added = await ensure_search_attributes(client)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
@@ -21,6 +22,7 @@ from activities.compensation import COMPENSATION_SUFFIX, compensation_key
 from ledger import (
     InvalidTransitionError,
     Ledger,
+    OperatorToken,
     OperatorTokens,
     RecordNotFoundError,
     Status,
@@ -259,56 +261,58 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             raise _not_found(key) from None
         return ToolExecutionView.of(record, with_events=True)
 
+    async def decide(
+        key: str, operator: OperatorToken, change: Callable[[str, str], Awaitable[ToolExecutionRecord]]
+    ) -> DecisionResponse:
+        """Make one decision in the ledger as `operator:<name>`, then tell the waiting workflow."""
+        actor = f"operator:{operator.operator}"
+        try:
+            record = await change(_check_key(key), actor)
+        except RecordNotFoundError:
+            raise _not_found(key) from None
+        except InvalidTransitionError as exc:
+            raise _conflict(exc) from None
+        signalled = await tell_workflow(record, actor)
+        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+
     @app.post("/v1/tool-executions/{key}/resolve", response_model=DecisionResponse, dependencies=JSON)
     async def resolve(key: Key, body: ResolveRequest, operator: Operator) -> DecisionResponse:
         """Settle an unknown call as completed or failed. Of two operators, the first wins."""
-        actor = f"operator:{operator.operator}"
-        try:
-            record = await ledger.settle(
-                _check_key(key),
+        return await decide(
+            key,
+            operator,
+            lambda checked, actor: ledger.settle(
+                checked,
                 status=Status(body.status),
                 actor=actor,
                 reason=body.reason,
                 evidence=body.evidence,
                 result=body.result,
                 tenant=operator.tenant,
-            )
-        except RecordNotFoundError:
-            raise _not_found(key) from None
-        except InvalidTransitionError as exc:
-            raise _conflict(exc) from None
-        signalled = await tell_workflow(record, actor)
-        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+            ),
+        )
 
     @app.post("/v1/tool-executions/{key}/approve", response_model=DecisionResponse, dependencies=JSON)
     async def approve(key: Key, body: ApproveRequest, operator: Operator) -> DecisionResponse:
         """Approve a call that waits for approval: it is then sent, once, with the payload shown."""
-        actor = f"operator:{operator.operator}"
-        try:
-            record = await ledger.approve(
-                _check_key(key), actor=actor, reason=body.reason, tenant=operator.tenant
-            )
-        except RecordNotFoundError:
-            raise _not_found(key) from None
-        except InvalidTransitionError as exc:
-            raise _conflict(exc) from None
-        signalled = await tell_workflow(record, actor)
-        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+        return await decide(
+            key,
+            operator,
+            lambda checked, actor: ledger.approve(
+                checked, actor=actor, reason=body.reason, tenant=operator.tenant
+            ),
+        )
 
     @app.post("/v1/tool-executions/{key}/deny", response_model=DecisionResponse, dependencies=JSON)
     async def deny(key: Key, body: ReasonRequest, operator: Operator) -> DecisionResponse:
         """Deny a call that waits for approval: it is never sent, and the model is told."""
-        actor = f"operator:{operator.operator}"
-        try:
-            record = await ledger.deny(
-                _check_key(key), actor=actor, reason=body.reason, tenant=operator.tenant
-            )
-        except RecordNotFoundError:
-            raise _not_found(key) from None
-        except InvalidTransitionError as exc:
-            raise _conflict(exc) from None
-        signalled = await tell_workflow(record, actor)
-        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+        return await decide(
+            key,
+            operator,
+            lambda checked, actor: ledger.deny(
+                checked, actor=actor, reason=body.reason, tenant=operator.tenant
+            ),
+        )
 
     @app.post(
         "/v1/tool-executions/{key}/compensate",

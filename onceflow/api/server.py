@@ -7,27 +7,16 @@ import logging
 
 import uvicorn
 
-from ledger import Ledger, LedgerError, migrate
-from onceflow.agents import AgentConfigError, load_agents
 from onceflow.api.app import create_app
 from onceflow.client import connect
 from onceflow.config import Settings
+from onceflow.worker import open_agents_and_ledger
 
 log = logging.getLogger("onceflow.api")
 
 
 async def serve(settings: Settings, *, host: str, port: int) -> None:
-    if not settings.database_url:
-        raise SystemExit("ONCEFLOW_DATABASE_URL is not set: the API needs the ledger database")
-    try:
-        registry = load_agents(settings.agents_path)
-    except AgentConfigError as exc:
-        raise SystemExit(f"cannot start the API: {exc}") from exc
-    try:
-        await migrate(settings.database_url)
-        ledger = await Ledger.connect(settings.database_url)
-    except (OSError, LedgerError) as exc:
-        raise SystemExit(f"cannot reach the ledger database: {exc}") from exc
+    registry, ledger = await open_agents_and_ledger(settings, "API")
     try:
         client = await connect(settings)
         app = create_app(ledger=ledger, client=client, registry=registry, task_queue=settings.task_queue)

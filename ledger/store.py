@@ -67,7 +67,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         at, key = json.loads(base64.urlsafe_b64decode(padded))
-        return datetime.fromisoformat(at), str(key)
+        if not isinstance(key, str) or "\x00" in key:  # PostgreSQL text cannot hold NUL
+            raise ValueError("not a key")
+        return datetime.fromisoformat(at), key
     except (ValueError, TypeError) as exc:
         raise ValueError(f"malformed cursor {cursor!r}") from exc
 

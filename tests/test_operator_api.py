@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from datetime import timedelta
@@ -121,7 +122,14 @@ async def test_list_shows_unknown_calls_longest_waiting_first_with_filters_and_c
         waiting = await acme.get("/v1/tool-executions", params={"status": "awaiting_approval"})
         assert waiting.json()["items"] == []
 
-        for params in ({"status": "completed"}, {"status": "bogus"}, {"limit": 0}, {"cursor": "%%%"}):
+        forged = base64.urlsafe_b64encode(json.dumps(["2026-11-30T10:00:00+00:00", "run\u0000x:c"]).encode())
+        for params in (
+            {"status": "completed"},
+            {"status": "bogus"},
+            {"limit": 0},
+            {"cursor": "%%%"},
+            {"cursor": forged.decode()},
+        ):
             bad = await acme.get("/v1/tool-executions", params=params)
             assert bad.status_code == 400, (params, bad.text)
             assert bad.headers["content-type"] == "application/problem+json"

@@ -8,16 +8,20 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from examples.billing.client import BillingClient
 from ledger import Ledger, migrate
 from onceflow.constants import SEARCH_ATTRIBUTES
 from onceflow.postgres import configured_database_url, create_database, drop_database, start_embedded_postgres
 from onceflow.telemetry import tracing_interceptor
 from tests.support.operator_api import OperatorApi, serving_api
+from tests.support.processes import ChildProcesses, start_billing_service
+from tests.support.proxy import DroppingProxy
 
 TEMPLATE = "onceflow_test_template"
 
@@ -91,3 +95,32 @@ async def operator_api(temporal_env: WorkflowEnvironment, ledger: Ledger) -> Asy
     DOWNSTREAM.reset()
     async with serving_api(temporal_env.client, ledger, support_registry()) as api:
         yield api
+
+
+# -- the example billing service in a process of its own, for tests with worker processes -----------
+
+
+@pytest.fixture(scope="module")
+async def billing_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    directory = tmp_path_factory.mktemp("billing")
+    processes = ChildProcesses(directory)
+    try:
+        yield await start_billing_service(processes, directory / "billing.sqlite3")
+    finally:
+        processes.close()
+
+
+@pytest.fixture
+async def billing(billing_url: str) -> AsyncIterator[BillingClient]:
+    async with BillingClient(billing_url) as client:
+        yield client
+
+
+@pytest.fixture
+async def proxy(billing_url: str) -> AsyncIterator[DroppingProxy]:
+    """The workers' way to the billing service; it counts every request that reaches the service."""
+    parts = urlsplit(billing_url)
+    assert parts.hostname is not None and parts.port is not None
+    running = await DroppingProxy(parts.hostname, parts.port).start()
+    yield running
+    await running.close()

@@ -26,10 +26,10 @@ import json
 import os
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import asyncpg
 import pytest
@@ -43,67 +43,19 @@ from onceflow.client import start_run
 from onceflow.constants import ERR_LEDGER_UNAVAILABLE, ERR_OUTCOME_NOT_RECORDED
 from onceflow.payloads import AgentRunInput, AgentRunResult, Phase
 from onceflow.postgres import create_database
+from tests.support.billing_tools import PROCESS_AGENTS_YAML
 from tests.support.history import activity_runs, history_events
-from tests.support.processes import ChildProcesses, kill_together, start_billing_service
+from tests.support.processes import ChildProcesses, kill_together
 from tests.support.proxy import DroppingProxy
 from tests.support.servers import OwnPostgres, OwnTemporal
 from workflows.agent_run import AgentRunWorkflow
 
 RunHandle = WorkflowHandle[AgentRunWorkflow, AgentRunResult]
 
-AGENTS_YAML = """\
-toolsets:
-  process-billing: tests.support.billing_tools:toolset
-agents:
-  credit-billing:
-    model:
-      provider: scripted
-      script:
-        - tool_calls:
-            - name: lookup_order
-              arguments: {order_id: "{{ input.order_id }}"}
-        - tool_calls:
-            - name: issue_credit
-              arguments:
-                account_id: "{{ results.lookup_order.account_id }}"
-                amount_cents: "{{ results.lookup_order.amount_cents }}"
-        - final: "credit result: {{ results.issue_credit }}"
-    toolsets: [process-billing]
-    tool_policy:
-      on_indeterminate: pause
-      reconcile_deadline: 2m
-      reconcile_initial_interval: 0.2s
-      reconcile_max_interval: 1s
-"""
 
 # Enough for a killed attempt's activity timeout (tool 2 s + 5 s), a dead worker's sticky workflow
 # task timing out (10 s), a fresh worker starting, and reconciling.
 RUN_TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-async def billing_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    directory = tmp_path_factory.mktemp("billing")
-    processes = ChildProcesses(directory)
-    try:
-        yield await start_billing_service(processes, directory / "billing.sqlite3")
-    finally:
-        processes.close()
-
-
-@pytest.fixture
-async def billing(billing_url: str) -> AsyncIterator[BillingClient]:
-    async with BillingClient(billing_url) as client:
-        yield client
-
-
-@pytest.fixture
-async def proxy(billing_url: str) -> AsyncIterator[DroppingProxy]:
-    parts = urlsplit(billing_url)
-    assert parts.hostname is not None and parts.port is not None
-    running = await DroppingProxy(parts.hostname, parts.port).start()
-    yield running
-    await running.close()
 
 
 @pytest.fixture
@@ -180,7 +132,7 @@ def account_of(order: str) -> str:
 
 def worker_env(*, temporal: Client, database_url: str, billing_url: str, tmp_path: Path) -> dict[str, str]:
     agents = tmp_path / "agents.yaml"
-    agents.write_text(AGENTS_YAML)
+    agents.write_text(PROCESS_AGENTS_YAML)
     return {
         **os.environ,
         "TEMPORAL_ADDRESS": temporal.service_client.config.target_host,

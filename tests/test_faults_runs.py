@@ -23,7 +23,6 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from temporalio.api.common.v1 import WorkflowExecution
@@ -40,7 +39,6 @@ from onceflow.agents import AgentRegistry, build_registry
 from onceflow.payloads import AgentRunResult, Phase, ResolveSignal, SettleInput, SettleResult, ToolOutcome
 from tests.support.fault_tools import AFTER_ANSWER, BEFORE_SEND, ZOMBIES
 from tests.support.history import activity_runs, history_events, workflow_task_completed_after
-from tests.support.processes import ChildProcesses, start_billing_service
 from tests.support.proxy import DroppingProxy
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
@@ -103,32 +101,6 @@ AGENTS = {
         ),
     },
 }
-
-
-@pytest.fixture(scope="module")
-async def billing_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    directory = tmp_path_factory.mktemp("billing")
-    processes = ChildProcesses(directory)
-    try:
-        yield await start_billing_service(processes, directory / "billing.sqlite3")
-    finally:
-        processes.close()
-
-
-@pytest.fixture
-async def billing(billing_url: str) -> AsyncIterator[BillingClient]:
-    async with BillingClient(billing_url) as client:
-        yield client
-
-
-@pytest.fixture
-async def proxy(billing_url: str) -> AsyncIterator[DroppingProxy]:
-    """The worker's way to the billing service; it counts every request that reaches the service."""
-    parts = urlsplit(billing_url)
-    assert parts.hostname is not None and parts.port is not None
-    running = await DroppingProxy(parts.hostname, parts.port).start()
-    yield running
-    await running.close()
 
 
 @pytest.fixture

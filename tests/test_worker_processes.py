@@ -30,48 +30,14 @@ from tests.support.billing_tools import (
     HOLD_BEFORE_SEND,
     HOLD_LOOKUP,
     MARKERS_ENV,
+    PROCESS_AGENTS_YAML,
 )
-from tests.support.processes import ChildProcesses, start_billing_service
+from tests.support.processes import ChildProcesses
 from workflows.agent_run import AgentRunWorkflow
-
-AGENTS_YAML = """\
-toolsets:
-  process-billing: tests.support.billing_tools:toolset
-agents:
-  credit-billing:
-    model:
-      provider: scripted
-      script:
-        - tool_calls:
-            - name: lookup_order
-              arguments: {order_id: "{{ input.order_id }}"}
-        - tool_calls:
-            - name: issue_credit
-              arguments:
-                account_id: "{{ results.lookup_order.account_id }}"
-                amount_cents: "{{ results.lookup_order.amount_cents }}"
-        - final: "credit result: {{ results.issue_credit }}"
-    toolsets: [process-billing]
-    tool_policy:
-      on_indeterminate: pause
-      reconcile_deadline: 2m
-      reconcile_initial_interval: 0.2s
-      reconcile_max_interval: 1s
-"""
 
 # Enough for: the activity timeout of the killed attempt (tool 2 s + margin), the killed worker's
 # sticky workflow task timing out (10 s), a new worker starting, and reconciling.
 RUN_TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-async def billing_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    directory = tmp_path_factory.mktemp("billing")
-    processes = ChildProcesses(directory)
-    try:
-        yield await start_billing_service(processes, directory / "billing.sqlite3")
-    finally:
-        processes.close()
 
 
 @dataclass
@@ -148,7 +114,7 @@ async def drill(
 ) -> AsyncIterator[Drill]:
     client = temporal_env.client
     agents = tmp_path / "agents.yaml"
-    agents.write_text(AGENTS_YAML)
+    agents.write_text(PROCESS_AGENTS_YAML)
     markers = tmp_path / "markers"
     markers.mkdir()
     env = {

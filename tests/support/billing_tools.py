@@ -69,3 +69,31 @@ async def issue_credit(account_id: str, amount_cents: int, context: ToolContext)
         except (BillingRejected, BillingConflict) as exc:
             raise ToolRejectedError(exc.detail) from exc
     return credit.model_dump(mode="json")
+
+
+# An agents.yaml for worker processes: look an order up, credit it, pause on an unknown outcome and
+# reconcile quickly.
+PROCESS_AGENTS_YAML = """\
+toolsets:
+  process-billing: tests.support.billing_tools:toolset
+agents:
+  credit-billing:
+    model:
+      provider: scripted
+      script:
+        - tool_calls:
+            - name: lookup_order
+              arguments: {order_id: "{{ input.order_id }}"}
+        - tool_calls:
+            - name: issue_credit
+              arguments:
+                account_id: "{{ results.lookup_order.account_id }}"
+                amount_cents: "{{ results.lookup_order.amount_cents }}"
+        - final: "credit result: {{ results.issue_credit }}"
+    toolsets: [process-billing]
+    tool_policy:
+      on_indeterminate: pause
+      reconcile_deadline: 2m
+      reconcile_initial_interval: 0.2s
+      reconcile_max_interval: 1s
+"""

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
@@ -22,7 +19,13 @@ from onceflow.constants import ERR_LEDGER_UNAVAILABLE
 from onceflow.payloads import ToolOutcome
 from tests.support.agents import credit_agent, flaky_model_agent
 from tests.support.downstream import DOWNSTREAM
-from tests.support.history import ActivityRun, activity_runs, history_events, workflow_task_completed_after
+from tests.support.history import (
+    ActivityRun,
+    activity_runs,
+    history_events,
+    reset_run,
+    workflow_task_completed_after,
+)
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
 
@@ -87,17 +90,11 @@ async def test_reset_before_the_write_replays_under_the_same_key_without_calling
     assert first_model.closed is not None
     reset_point = workflow_task_completed_after(events, first_model.closed.event_id)
     assert reset_point < lookup.scheduled_event_id < write.scheduled_event_id
-    response = await client.workflow_service.reset_workflow_execution(
-        ResetWorkflowExecutionRequest(
-            namespace=client.namespace,
-            workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=first_run_id),
-            reason="test: replay the run from before its write",
-            workflow_task_finish_event_id=reset_point,
-            request_id=str(uuid.uuid4()),
-        )
+    new_run_id = await reset_run(
+        client, handle.id, first_run_id, reset_point, "test: replay the run from before its write"
     )
-    assert response.run_id != first_run_id
-    reset_handle = client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=response.run_id)
+    assert new_run_id != first_run_id
+    reset_handle = client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=new_run_id)
     second = await asyncio.wait_for(reset_handle.result(), 20)
 
     # Same workflow id, so the same run id and the same key; the ledger answered, the tool did not run.
@@ -111,7 +108,7 @@ async def test_reset_before_the_write_replays_under_the_same_key_without_calling
     assert after.model_dump(exclude={"events"}) == recorded.model_dump(exclude={"events"})
     assert after.events[: len(recorded.events)] == recorded.events
     assert all(e.to_status is None for e in after.events[len(recorded.events) :])
-    new_runs = activity_runs(await history_events(client, handle.id, response.run_id))
+    new_runs = activity_runs(await history_events(client, handle.id, new_run_id))
     replayed_write = next(r for r in new_runs if r.activity_type == "run_write_tool")
     outcome = outcome_of(client, replayed_write)
     assert outcome.key == key

@@ -10,9 +10,6 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import ResetReapplyType
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -22,7 +19,7 @@ from onceflow.agents import Agent, AgentConfig, AgentRegistry
 from onceflow.client import start_run
 from onceflow.payloads import AgentRunInput, Phase
 from tests.support.downstream import DOWNSTREAM, toolset
-from tests.support.history import history_events, workflow_task_completed_after
+from tests.support.history import history_events, reset_run, workflow_task_completed_after
 from tests.test_agent_run import wait_for_phase
 from tests.workflow_harness import Harness, running_worker
 from workflows.compensation import compensation_workflow_id
@@ -125,17 +122,15 @@ async def test_a_reset_run_keeps_its_completed_call(harness: Harness) -> None:
     first_run = handle.result_run_id
     assert first_run is not None
     events = await history_events(harness.client, handle.id, first_run)
-    response = await harness.client.workflow_service.reset_workflow_execution(
-        ResetWorkflowExecutionRequest(
-            namespace=harness.client.namespace,
-            workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=first_run),
-            reason="test: replay from the start",
-            workflow_task_finish_event_id=workflow_task_completed_after(events, 0),
-            request_id=str(uuid.uuid4()),
-            reset_reapply_type=ResetReapplyType.RESET_REAPPLY_TYPE_NONE,
-        )
+    new_run_id = await reset_run(
+        harness.client,
+        handle.id,
+        first_run,
+        workflow_task_completed_after(events, 0),
+        "test: replay from the start",
+        reapply_signals=False,
     )
-    reset = harness.client.get_workflow_handle(handle.id, run_id=response.run_id)
+    reset = harness.client.get_workflow_handle(handle.id, run_id=new_run_id)
     with pytest.raises(WorkflowFailureError):
         await asyncio.wait_for(reset.result(), 30)
     key = f"{handle.id}:call_0_0"

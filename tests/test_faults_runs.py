@@ -25,10 +25,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -38,7 +36,7 @@ from ledger import AlreadySettledError, FailureKind, Ledger, Status, ToolExecuti
 from onceflow.agents import AgentRegistry, build_registry
 from onceflow.payloads import AgentRunResult, Phase, ResolveSignal, SettleInput, SettleResult, ToolOutcome
 from tests.support.fault_tools import AFTER_ANSWER, BEFORE_SEND, ZOMBIES
-from tests.support.history import activity_runs, history_events, workflow_task_completed_after
+from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.proxy import DroppingProxy
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
@@ -178,17 +176,15 @@ async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothin
         events = await history_events(client, handle.id, first_run_id)
         reset_point = workflow_task_completed_after(events, 0)
         assert reset_point < min(r.scheduled_event_id for r in activity_runs(events))
-        response = await client.workflow_service.reset_workflow_execution(
-            ResetWorkflowExecutionRequest(
-                namespace=client.namespace,
-                workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=first_run_id),
-                reason="test: run it all again from the first workflow task",
-                workflow_task_finish_event_id=reset_point,
-                request_id=str(uuid.uuid4()),
-            )
+        new_run_id = await reset_run(
+            client,
+            handle.id,
+            first_run_id,
+            reset_point,
+            "test: run it all again from the first workflow task",
         )
-        assert response.run_id != first_run_id
-        resets.append(client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=response.run_id))
+        assert new_run_id != first_run_id
+        resets.append(client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=new_run_id))
     seconds = await asyncio.wait_for(asyncio.gather(*(h.result() for h in resets)), 30)
 
     # Nobody asked the billing service for a credit again; the reads did run again.

@@ -1,12 +1,15 @@
-"""Reading a run's Temporal history in tests: which activities ran, how they ended, and where to reset."""
+"""Reading a run's Temporal history in tests: which activities ran, how they ended; and resetting a run."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, ResetReapplyType
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
 
 
@@ -54,3 +57,24 @@ def workflow_task_completed_after(events: list[HistoryEvent], event_id: int) -> 
         if event.event_id > event_id and event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             return event.event_id
     raise LookupError(f"no workflow task completed after event {event_id}")
+
+
+async def reset_run(
+    client: Client, workflow_id: str, run_id: str, event_id: int, reason: str, *, reapply_signals: bool = True
+) -> str:
+    """Reset a run to the workflow task that finished at `event_id`; returns the new run's id."""
+    response = await client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+            reason=reason,
+            workflow_task_finish_event_id=event_id,
+            request_id=str(uuid.uuid4()),
+            reset_reapply_type=(
+                ResetReapplyType.RESET_REAPPLY_TYPE_SIGNAL
+                if reapply_signals
+                else ResetReapplyType.RESET_REAPPLY_TYPE_NONE
+            ),
+        )
+    )
+    return response.run_id

@@ -74,13 +74,24 @@ async def issue_credit(account_id: str, amount_cents: int, context: ToolContext)
         raise ToolNotAttemptedError("a credit must be a positive number of cents")
     # The HTTP timeout is a little longer than the tool's: onceflow's own timeout decides.
     async with _client(timeout=CREDIT_TIMEOUT.total_seconds() + 1) as client:
-        try:
-            credit = await client.credit(account_id, amount_cents, idempotency_key=context.idempotency_key)
-        except BillingLocked as exc:
-            # The service refused at the door; nothing was processed and it may be tried again later.
-            raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
-        except (BillingRejected, BillingConflict) as exc:
-            raise ToolRejectedError(exc.detail) from exc
+        return await send_credit(client, account_id, amount_cents, context.idempotency_key)
+
+
+async def send_credit(
+    client: BillingClient, account_id: str, amount_cents: int, idempotency_key: str
+) -> dict[str, Any]:
+    """POST the credit once, and say what billing's refusals mean to onceflow.
+
+    Locked: refused at the door, nothing processed (`ToolNotAttemptedError`). Rejected, or the key
+    already used for another body: a definite no (`ToolRejectedError`). Anything else propagates, and
+    onceflow calls the outcome unknown.
+    """
+    try:
+        credit = await client.credit(account_id, amount_cents, idempotency_key=idempotency_key)
+    except BillingLocked as exc:
+        raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
+    except (BillingRejected, BillingConflict) as exc:
+        raise ToolRejectedError(exc.detail) from exc
     return credit.model_dump(mode="json")
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from examples.billing.client import BillingClient, BillingConflict, BillingLocked, BillingRejected
+from examples.billing.client import BillingClient
+from examples.billing.tools import send_credit
 from onceflow import (
     ReconcileOutcome,
     ToolContext,
-    ToolNotAttemptedError,
-    ToolRejectedError,
     Toolset,
     external,
     read,
@@ -65,15 +64,10 @@ async def issue_credit(account_id: str, amount_cents: int, context: ToolContext)
     # the runner kills once billing has the request.
     claim(context.run_id, KillPoint.DOWNSTREAM, key)
     async with _billing(CREDIT_TIMEOUT.total_seconds() + 1) as client:
-        try:
-            credit = await client.credit(account_id, amount_cents, idempotency_key=key)
-        except BillingLocked as exc:
-            raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
-        except (BillingRejected, BillingConflict) as exc:
-            raise ToolRejectedError(exc.detail) from exc
+        credit = await send_credit(client, account_id, amount_cents, key)
     # Kill point: billing answered, the outcome is not recorded yet.
     await hold(context.run_id, KillPoint.AFTER_ANSWER, key, tool_call_id=context.tool_call_id)
-    return credit.model_dump(mode="json")
+    return credit
 
 
 class HoldingModel:

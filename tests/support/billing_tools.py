@@ -13,12 +13,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from examples.billing.client import BillingClient, BillingConflict, BillingLocked, BillingRejected
-from examples.billing.tools import find_credit
+from examples.billing.client import BillingClient
+from examples.billing.tools import find_credit, send_credit
 from onceflow import (
     ToolContext,
-    ToolNotAttemptedError,
-    ToolRejectedError,
     Toolset,
     external,
     read,
@@ -62,13 +60,7 @@ async def issue_credit(account_id: str, amount_cents: int, context: ToolContext)
     """Credit an account, in cents, once, with the call's idempotency key."""
     await _hold_if_asked(HOLD_BEFORE_SEND, HELD_BEFORE_SEND)
     async with _client() as client:
-        try:
-            credit = await client.credit(account_id, amount_cents, idempotency_key=context.idempotency_key)
-        except BillingLocked as exc:
-            raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
-        except (BillingRejected, BillingConflict) as exc:
-            raise ToolRejectedError(exc.detail) from exc
-    return credit.model_dump(mode="json")
+        return await send_credit(client, account_id, amount_cents, context.idempotency_key)
 
 
 # An agents.yaml for worker processes: look an order up, credit it, pause on an unknown outcome and

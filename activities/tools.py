@@ -28,6 +28,7 @@ from onceflow.constants import (
     ERR_PAYLOAD_MISMATCH,
     ERR_TENANT_MISMATCH,
 )
+from onceflow.keys import call_key
 from onceflow.payloads import OwnerOutcome, ToolCall, ToolCallInput, ToolOutcome
 from onceflow.tools import (
     InvalidToolArgumentsError,
@@ -40,7 +41,7 @@ from onceflow.tools import (
 
 
 def _context(tool_input: ToolCallInput, attempt: int) -> ToolContext:
-    key = f"{tool_input.run_id}:{tool_input.call.id}"
+    key = call_key(tool_input.run_id, tool_input.call.id)
     return ToolContext(
         idempotency_key=key,
         run_id=tool_input.run_id,

@@ -29,6 +29,7 @@ from ledger.records import (
     to_record,
 )
 from ledger.status import UNRESOLVED, FailureKind, SideEffect, Status
+from onceflow.keys import call_key
 
 _RESERVE_ROUNDS = 3
 # What an existing row means for a caller that did not get to reserve it.
@@ -50,7 +51,7 @@ class CallIdentity(BaseModel):
 
     @property
     def key(self) -> str:
-        return f"{self.run_id}:{self.tool_call_id}"
+        return call_key(self.run_id, self.tool_call_id)
 
 
 class UnresolvedPage(BaseModel):

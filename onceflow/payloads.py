@@ -80,6 +80,7 @@ class ResolveSignal(BaseModel):
 
 
 class ToolCall(_Frozen):
+    # As the provider sent it ("" for none) until the workflow mints the run's own (onceflow/keys.py).
     id: str
     name: str
     arguments: dict[str, Any]

@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         UNRESOLVED_KEYS,
         WRITE_ONCE,
     )
+    from onceflow.keys import call_key, mint_tool_call_ids
     from onceflow.payloads import (
         AgentRunInput,
         AgentRunResult,
@@ -87,6 +88,7 @@ class AgentRunWorkflow:
         self._last_resolve_error: str | None = None
         self._nudged: set[str] = set()
         self._escalated: dict[str, str] = {}
+        self._used_call_ids: set[str] = set()
 
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
@@ -178,17 +180,19 @@ class AgentRunWorkflow:
                 retry_policy=MODEL_RETRY,
                 summary=f"model turn {turn}",
             )
-            messages.append(
-                Message(role="assistant", content=answer.final or "", tool_calls=answer.tool_calls)
+            ids = mint_tool_call_ids(
+                (call.id for call in answer.tool_calls), turn=turn, used=self._used_call_ids
             )
-            if not answer.tool_calls:
+            tool_calls = [call.model_copy(update={"id": id_}) for call, id_ in zip(answer.tool_calls, ids)]
+            messages.append(Message(role="assistant", content=answer.final or "", tool_calls=tool_calls))
+            if not tool_calls:
                 return AgentRunResult(
                     run_id=workflow.info().workflow_id,
                     final=answer.final or "",
                     turns=turn,
                     calls=list(self._calls.values()),
                 )
-            for call in answer.tool_calls:
+            for call in tool_calls:
                 outcome = await self._call_tool(run_input, spec, call)
                 messages.append(
                     Message(
@@ -247,7 +251,7 @@ class AgentRunWorkflow:
 
     async def _call_write(self, spec: AgentSpec, tool: ToolSpec, tool_input: ToolCallInput) -> ToolOutcome:
         call = tool_input.call
-        ref = CallRef(key=f"{tool_input.run_id}:{call.id}", tool=call.name, tool_call_id=call.id)
+        ref = CallRef(key=call_key(tool_input.run_id, call.id), tool=call.name, tool_call_id=call.id)
         self._calls[call.id] = CallSummary(
             tool_call_id=call.id, tool=call.name, key=ref.key, status="started"
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from onceflow.model import ScriptedModel, ScriptTurn
-from onceflow.payloads import ModelCallInput, ModelTurn
+from onceflow.payloads import ModelCallInput, ModelTurn, ToolCall
 
 
 class ModelUnavailableError(ConnectionError):
@@ -27,3 +27,20 @@ class FlakyModel:
             self.failures_left -= 1
             raise ModelUnavailableError("model provider answered 503: overloaded")
         return await self._scripted.respond(request)
+
+
+class CarelessIdModel:
+    """A provider that is careless with tool call ids: it plays `answers` in order, each a list of
+    (id, tool, arguments) or a final string, ids exactly as given (repeated, empty, reused)."""
+
+    def __init__(self, answers: list[list[tuple[str, str, dict[str, object]]] | str]) -> None:
+        self.answers = answers
+
+    async def respond(self, request: ModelCallInput) -> ModelTurn:
+        index = sum(1 for m in request.messages if m.role == "assistant")
+        answer = self.answers[index]
+        if isinstance(answer, str):
+            return ModelTurn(final=answer)
+        return ModelTurn(
+            tool_calls=[ToolCall(id=id_, name=name, arguments=dict(args)) for id_, name, args in answer]
+        )

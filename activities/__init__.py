@@ -10,6 +10,7 @@ from activities.outcomes import default_identity
 from activities.reconcile import ReconcileActivities
 from activities.tools import ToolActivities
 from ledger import Ledger
+from ledger.conversations import Conversations
 from onceflow.agents import AgentRegistry
 
 __all__ = [
@@ -25,7 +26,7 @@ __all__ = [
 
 def all_activities(ledger: Ledger, registry: AgentRegistry, worker_identity: str) -> list[Callable[..., Any]]:
     """Every activity a onceflow worker hosts, bound to its ledger and agents."""
-    model = ModelActivities(registry)
+    model = ModelActivities(registry, Conversations(ledger))
     tools = ToolActivities(ledger, registry, worker_identity)
     steps = LedgerActivities(ledger)
     reconcile = ReconcileActivities(ledger, registry)

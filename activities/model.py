@@ -7,6 +7,8 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.conversation import whole_conversation
+from ledger.conversations import Conversations
 from onceflow.agents import AgentRegistry
 from onceflow.constants import MODEL_HEARTBEAT
 from onceflow.model import Model, ScriptError
@@ -14,8 +16,9 @@ from onceflow.payloads import AgentSpec, ModelCallInput, ModelTurn
 
 
 class ModelActivities:
-    def __init__(self, registry: AgentRegistry) -> None:
+    def __init__(self, registry: AgentRegistry, conversations: Conversations) -> None:
         self.registry = registry
+        self.conversations = conversations
         self._models: dict[str, Model] = {}
 
     def _model(self, agent: str) -> Model:
@@ -37,7 +40,11 @@ class ModelActivities:
         seconds (MODEL_HEARTBEAT) rather than at the end of the model's whole timeout."""
         beating = asyncio.create_task(_heartbeat_until_cancelled())
         try:
-            return await self._model(request.agent).respond(request)
+            if not request.by_reference:
+                return await self._model(request.agent).respond(request)
+            request, head = await whole_conversation(self.conversations, request)
+            turn = await self._model(request.agent).respond(request)
+            return turn.model_copy(update={"conversation_head": head})
         except ScriptError as exc:
             raise ApplicationError(str(exc), type="ScriptError", non_retryable=True) from exc
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -80,6 +81,17 @@ async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
     return outcome_from_record(record)
 
 
+def _oversized(value: Any, cap: int) -> str | None:
+    """Why `value` is too large to hand to the model, or None when it fits."""
+    size = len(json.dumps(to_jsonable(value), separators=(",", ":")).encode())
+    if size <= cap:
+        return None
+    return (
+        f"the tool's result is {size} bytes, over this agent's cap of {cap} bytes "
+        "(tool_policy.max_result_bytes); it was not kept. Ask for less (a narrower query, fewer fields)."
+    )
+
+
 def _refused(call: ToolCall, error: Exception) -> ToolOutcome:
     """A call that never reached the ledger or the world: the model is told why."""
     return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(error))
@@ -107,7 +119,15 @@ class ToolActivities:
             )
         except (ToolNotAttemptedError, ToolRejectedError) as exc:
             return _refused(call, exc)
+        too_large = _oversized(value, self._result_cap(tool_input))
+        if too_large:
+            return ToolOutcome(
+                tool_call_id=call.id, tool=call.name, key=None, status="error", error=too_large
+            )
         return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="ok", value=value)
+
+    def _result_cap(self, tool_input: ToolCallInput) -> int:
+        return self.registry.agent(tool_input.agent).config.tool_policy.max_result_bytes
 
     @activity.defn(name="run_write_tool")
     async def run_write_tool(self, tool_input: ToolCallInput) -> ToolOutcome:
@@ -148,6 +168,10 @@ class ToolActivities:
             )
         context = _context(tool_input, reservation.record.attempt)
         outcome = await self._send(tool, arguments, context, owner)
+        too_large = outcome.status == "completed" and _oversized(outcome.value, self._result_cap(tool_input))
+        if too_large:
+            # It took effect; only the answer is dropped. The ledger and the model say so.
+            outcome = outcome.model_copy(update={"value": {"result_omitted": too_large}})
         try:
             return await record_outcome(self.ledger, outcome)
         except LedgerUnavailableError as exc:

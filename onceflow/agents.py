@@ -63,6 +63,9 @@ class ToolPolicy(BaseModel):
     escalation_owner: str | None = None
     # How long a call of an `approval=True` tool waits for an operator; then it is denied.
     approval_deadline: timedelta = timedelta(hours=24)
+    # A tool result larger than this (as JSON) reaches the model as an error instead of the result,
+    # and is not stored: one huge result must not swell every later turn and the run's history.
+    max_result_bytes: int = Field(default=128 * 1024, ge=1024, le=2 * 1024 * 1024)
 
     @field_validator(
         "reconcile_deadline",

@@ -99,12 +99,25 @@ class ModelTurn(_Frozen):
 
     tool_calls: list[ToolCall] = []
     final: str | None = None
+    # By reference: the stored conversation's head once the request's messages were added to it.
+    conversation_head: str | None = None
 
 
 class ModelCallInput(_Frozen):
+    """One model turn's request.
+
+    Inline (runs started before conversations were stored): `messages` is the whole conversation.
+    By reference: `messages` are only those added since the stored conversation ending at `head`
+    (None before the first turn), which holds `length` messages; the activity stores and reads it.
+    """
+
     agent: str
     run_id: str
     messages: list[Message]
+    by_reference: bool = False
+    tenant: str = ""
+    head: str | None = None
+    length: int = 0
 
 
 # -- agents and tools as the workflow sees them -------------------------------------------------------

@@ -27,11 +27,17 @@ class Harness:
     worker: Worker
 
     async def start(
-        self, agent: str, payload: str, *, tenant: str = "acme", run_id: str | None = None
+        self,
+        agent: str,
+        payload: str,
+        *,
+        tenant: str = "acme",
+        run_id: str | None = None,
+        max_turns: int = 20,
     ) -> WorkflowHandle[AgentRunWorkflow, AgentRunResult]:
         return await start_run(
             self.client,
-            AgentRunInput(agent=agent, tenant=tenant, input=payload),
+            AgentRunInput(agent=agent, tenant=tenant, input=payload, max_turns=max_turns),
             run_id=run_id or f"run-{uuid.uuid4().hex[:10]}",
             task_queue=self.task_queue,
         )

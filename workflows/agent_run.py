@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         ExpireApprovalInput,
         Message,
         ModelCallInput,
+        ModelTurn,
         OwnerOutcome,
         Phase,
         ReconcileInput,
@@ -74,6 +75,10 @@ with workflow.unsafe.imports_passed_through():
 
 # A write activity that failed in an unexpected way before reserving is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
+
+# Patches (workflow.patched): runs started before a patch replay without it. See docs/operations.md.
+# Model turns take the conversation by reference (stored beside the ledger) instead of inline.
+PATCH_CONVERSATION_BY_REFERENCE = "conversation-by-reference"
 
 
 @workflow.defn
@@ -167,23 +172,33 @@ class AgentRunWorkflow:
             retry_policy=MODEL_RETRY,
             summary=f"load agent {run_input.agent}",
         )
-        messages = [Message(role="user", content=run_input.input)]
+        conversation = _Conversation(
+            run_id=workflow.info().workflow_id,
+            tenant=run_input.tenant,
+            agent=spec.name,
+            by_reference=workflow.patched(PATCH_CONVERSATION_BY_REFERENCE),
+        )
+        messages = conversation.messages
         if spec.instructions:
-            messages.insert(0, Message(role="system", content=spec.instructions))
+            messages.append(Message(role="system", content=spec.instructions))
+        messages.append(Message(role="user", content=run_input.input))
         for turn in range(1, run_input.max_turns + 1):
             self._turns = turn
             answer = await workflow.execute_activity_method(
                 ModelActivities.call_model,
-                ModelCallInput(agent=spec.name, run_id=workflow.info().workflow_id, messages=messages),
+                conversation.request(),
                 start_to_close_timeout=MODEL_TIMEOUT,
                 heartbeat_timeout=MODEL_HEARTBEAT,
                 retry_policy=MODEL_RETRY,
                 summary=f"model turn {turn}",
             )
+            conversation.sent(answer)
             ids = mint_tool_call_ids(
                 (call.id for call in answer.tool_calls), turn=turn, used=self._used_call_ids
             )
-            tool_calls = [call.model_copy(update={"id": id_}) for call, id_ in zip(answer.tool_calls, ids)]
+            tool_calls = [
+                call.model_copy(update={"id": id_}) for call, id_ in zip(answer.tool_calls, ids, strict=True)
+            ]
             messages.append(Message(role="assistant", content=answer.final or "", tool_calls=tool_calls))
             if not tool_calls:
                 return AgentRunResult(
@@ -439,6 +454,48 @@ class AgentRunWorkflow:
 
     def _calls_by_key(self) -> dict[str, CallSummary]:
         return {c.key: c for c in self._calls.values() if c.key}
+
+
+class _Conversation:
+    """The messages of a run as the workflow holds them.
+
+    Inline, it keeps the whole conversation and sends it every turn (history grows with the square
+    of the turns). By reference, it keeps only what was added since the last model turn, and sends
+    that with the head of the stored conversation, which the model activity extends and reads.
+    """
+
+    def __init__(self, *, run_id: str, tenant: str, agent: str, by_reference: bool) -> None:
+        self.run_id = run_id
+        self.tenant = tenant
+        self.agent = agent
+        self.by_reference = by_reference
+        self.messages: list[Message] = []  # by reference: only those not stored yet
+        self._head: str | None = None
+        self._stored = 0
+
+    def request(self) -> ModelCallInput:
+        if not self.by_reference:
+            return ModelCallInput(agent=self.agent, run_id=self.run_id, messages=list(self.messages))
+        return ModelCallInput(
+            agent=self.agent,
+            run_id=self.run_id,
+            tenant=self.tenant,
+            messages=list(self.messages),
+            by_reference=True,
+            head=self._head,
+            length=self._stored,
+        )
+
+    def sent(self, answer: ModelTurn) -> None:
+        """The model answered the last request: what it carried is stored now."""
+        if self.by_reference:
+            if answer.conversation_head is None:
+                raise ApplicationError(
+                    "the model activity did not store the conversation", type="ConversationMissing"
+                )
+            self._head = answer.conversation_head
+            self._stored += len(self.messages)
+            self.messages.clear()
 
 
 def _summary(outcome: ToolOutcome) -> CallSummary:

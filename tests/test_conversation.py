@@ -105,7 +105,7 @@ async def test_oversized_results_reach_the_model_as_errors_and_are_not_kept(
     temporal_env: WorkflowEnvironment, ledger: Ledger
 ) -> None:
     SENDS.clear()
-    script = [
+    script: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "fetch_text", "arguments": {"size": 5000}}]},
         {"tool_calls": [{"name": "store_blob", "arguments": {"size": 5000}}]},
         {"final": "read: {{ results.fetch_text }} / write: {{ results.store_blob }}"},

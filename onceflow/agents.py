@@ -63,6 +63,8 @@ class ToolPolicy(BaseModel):
     escalation_owner: str | None = None
     # How long a call of an `approval=True` tool waits for an operator; then it is denied.
     approval_deadline: timedelta = timedelta(hours=24)
+    # A paused call re-reads the ledger this often even when no signal comes (one may be lost).
+    recheck_interval: timedelta = timedelta(minutes=5)
     # A tool result larger than this (as JSON) reaches the model as an error instead of the result,
     # and is not stored: one huge result must not swell every later turn and the run's history.
     max_result_bytes: int = Field(default=128 * 1024, ge=1024, le=2 * 1024 * 1024)
@@ -72,6 +74,7 @@ class ToolPolicy(BaseModel):
         "reconcile_initial_interval",
         "reconcile_max_interval",
         "approval_deadline",
+        "recheck_interval",
         mode="before",
     )
     @classmethod
@@ -172,6 +175,7 @@ class Agent:
                 reconcile_max_interval_seconds=policy.reconcile_max_interval.total_seconds(),
                 escalation_owner=policy.escalation_owner,
                 approval_deadline_seconds=policy.approval_deadline.total_seconds(),
+                recheck_interval_seconds=policy.recheck_interval.total_seconds(),
             ),
         )
 

@@ -140,6 +140,8 @@ class ToolPolicySpec(_Frozen):
     reconcile_max_interval_seconds: float
     escalation_owner: str | None
     approval_deadline_seconds: float = 24 * 3600
+    # How often a paused call re-reads the ledger without being told to (older specs lack it).
+    recheck_interval_seconds: float = 300
 
 
 class AgentSpec(_Frozen):

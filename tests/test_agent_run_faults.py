@@ -14,9 +14,9 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from ledger import Ledger, Status
-from onceflow.agents import AgentRegistry
+from onceflow.agents import Agent, AgentRegistry
 from onceflow.constants import ERR_LEDGER_UNAVAILABLE
-from onceflow.payloads import ToolOutcome
+from onceflow.payloads import ModelCallInput, ModelTurn, ToolOutcome
 from tests.support.agents import credit_agent, flaky_model_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import (
@@ -141,17 +141,43 @@ async def test_model_errors_are_retried_and_the_run_succeeds(
 # -- the ledger database goes away ---------------------------------------------------------------------
 
 
+class _DatabaseAwayOnWrite:
+    """The credit agent's model; as it answers the write turn, the test's database goes away (the
+    model turn itself stored its conversation first), so the next thing to need it is the reserve."""
+
+    def __init__(self, agent: Agent, take_down: Callable[[], Awaitable[None]]) -> None:
+        self._scripted = agent.build_model()
+        self._take_down = take_down
+
+    async def respond(self, request: ModelCallInput) -> ModelTurn:
+        turn = await self._scripted.respond(request)
+        if any(call.name == "issue_credit" for call in turn.tool_calls):
+            await self._take_down()
+        return turn
+
+
 async def test_ledger_down_at_reserve_sends_nothing_and_retries_the_reservation(
-    harness: Harness, postgres_dsn: str, database_url: str
+    temporal_env: WorkflowEnvironment, ledger: Ledger, postgres_dsn: str, database_url: str
 ) -> None:
+    DOWNSTREAM.reset()
     database = urlsplit(database_url).path.lstrip("/")
     admin = await asyncpg.connect(postgres_dsn)
-    try:
+
+    async def take_down() -> None:
         # Only this test's database goes away; the server and everyone else's databases stay up.
         await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
         await admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database
         )
+
+    base = credit_agent("credit-reconciled", "issue_credit", "pause")
+    agent = Agent(base.name, base.config, base.tools, model=_DatabaseAwayOnWrite(base, take_down))
+    async with running_worker(temporal_env.client, ledger, AgentRegistry({agent.name: agent})) as harness:
+        await _ledger_down_at_reserve(harness, admin, database)
+
+
+async def _ledger_down_at_reserve(harness: Harness, admin: asyncpg.Connection, database: str) -> None:
+    try:
         handle = await harness.start("credit-reconciled", ORDER)
 
         async def refused_writes() -> list[ActivityRun]:

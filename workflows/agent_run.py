@@ -1,9 +1,14 @@
 """AgentRunWorkflow: one agent run. The model proposes tool calls; the ledger decides about writes.
 
 Signals: `resolve(ResolveSignal)`: settle an unknown call (compare-and-set in the ledger) or just
-    re-read it; the run acts only on the ledger's answer.
+    re-read it; the run acts only on the ledger's answer. `escalated(EscalatedSignal)`.
+Updates: `resolve(ResolveSignal) -> SettleResult`: the same, but the caller gets the ledger's answer
+    back (won, or who decided first); a validator refuses bad input before it enters history.
 Queries: `status() -> RunStatus`: phase, pending calls and their last known ledger status.
-Search attributes: OnceflowPhase, OnceflowTenant, OnceflowAgent, OnceflowUnresolvedKeys.
+Search attributes: OnceflowPhase, OnceflowTenant, OnceflowAgent, OnceflowUnresolvedKeys,
+    OnceflowEscalatedTo. They follow the ledger: a key leaves them when its call is settled.
+A paused run also re-reads the ledger on a slow timer (`tool_policy.recheck_interval`), so a lost
+signal cannot strand it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         LEDGER_STEP_TIMEOUT,
         MODEL_HEARTBEAT,
         MODEL_RETRY,
+        MODEL_RETRY_BUDGET,
         MODEL_TIMEOUT,
         PHASE,
         READ_RETRY,
@@ -66,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         ResolveSignal,
         RunStatus,
         SettleInput,
+        SettleResult,
         ToolCall,
         ToolCallInput,
         ToolOutcome,
@@ -79,6 +86,11 @@ _MAX_UNRESERVED_RERUNS = 3
 # Patches (workflow.patched): runs started before a patch replay without it. See docs/operations.md.
 # Model turns take the conversation by reference (stored beside the ledger) instead of inline.
 PATCH_CONVERSATION_BY_REFERENCE = "conversation-by-reference"
+# A paused call re-reads the ledger on a slow timer instead of waiting only for a signal.
+PATCH_LEDGER_RECHECK = "ledger-recheck"
+# Search attributes follow the ledger: escalations are cleared when settled; a run that fails on an
+# unknown call does not claim it as its own unresolved key after it has closed.
+PATCH_SEARCH_ATTRIBUTES_FOLLOW_LEDGER = "search-attributes-follow-ledger"
 
 
 @workflow.defn
@@ -94,10 +106,15 @@ class AgentRunWorkflow:
         self._nudged: set[str] = set()
         self._escalated: dict[str, str] = {}
         self._used_call_ids: set[str] = set()
+        # Decided once, on the first workflow task, so a run keeps one behaviour for its whole life.
+        self._recheck = False
+        self._attributes_follow_ledger = False
 
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
         self._tenant = run_input.tenant
+        self._recheck = workflow.patched(PATCH_LEDGER_RECHECK)
+        self._attributes_follow_ledger = workflow.patched(PATCH_SEARCH_ATTRIBUTES_FOLLOW_LEDGER)
         workflow.upsert_search_attributes(
             [
                 PHASE.value_set(Phase.RUNNING.value),
@@ -127,30 +144,58 @@ class AgentRunWorkflow:
             workflow.logger.warning(self._last_resolve_error)
             return
         try:
-            settled = await workflow.execute_activity_method(
-                LedgerActivities.settle_call,
-                SettleInput(tenant=self._tenant, signal=signal),
-                start_to_close_timeout=LEDGER_STEP_TIMEOUT,
-                retry_policy=LEDGER_RETRY,
-                summary=f"resolve {signal.key} ({signal.actor})",
-            )
+            await self._settle(signal, source="signal")
         except ActivityError as err:
             self._last_resolve_error = str(err.cause or err)
             workflow.logger.warning("resolve of %s refused: %s", signal.key, self._last_resolve_error)
-            return
+
+    @workflow.update(name="resolve")
+    async def resolve_update(self, request: ResolveSignal) -> SettleResult:
+        """Like the signal, but answers: the ledger's outcome, and `refused` naming who decided first."""
+        self._nudged.add(request.key)
+        try:
+            return await self._settle(request, source="update")
+        except ActivityError as err:
+            raise ApplicationError(str(err.cause or err), type="ResolveRefused") from err
+
+    @resolve_update.validator
+    def _validate_resolve(self, request: ResolveSignal) -> None:
+        if request.key not in self._calls_by_key():
+            raise ValueError(f"{request.key!r} is not a write call of this run")
+        if request.status is not None and not (request.reason or "").strip():
+            raise ValueError("a resolve that settles a call needs a reason")
+        if not request.actor.strip():
+            raise ValueError("a resolve needs an actor")
+        pending = self._pending.get(request.key)
+        if request.status is not None and pending is not None and pending.status == Status.AWAITING_APPROVAL:
+            raise ValueError(f"{request.key} waits for approval: approve or deny it through the operator API")
+
+    async def _settle(self, request: ResolveSignal, *, source: str) -> SettleResult:
+        """Settle (or only re-read) one call in the ledger and act on the ledger's answer."""
+        settled = await workflow.execute_activity_method(
+            LedgerActivities.settle_call,
+            SettleInput(tenant=self._tenant, signal=request),
+            start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+            summary=f"{'resolve' if request.status else 'read'} {request.key} ({source}: {request.actor})",
+        )
         if settled.refused:
             self._last_resolve_error = settled.refused
             workflow.logger.warning("%s", settled.refused)
         outcome = settled.outcome
-        if outcome.status in SETTLED and signal.key in self._pending:
-            self._resolved[signal.key] = outcome
+        pending = self._pending.get(request.key)
+        waiting_for_approval = pending is not None and pending.status == Status.AWAITING_APPROVAL
+        if outcome.status in SETTLED and pending is not None and not waiting_for_approval:
+            self._resolved[request.key] = outcome
+        return settled
 
     @workflow.signal
     def escalated(self, signal: EscalatedSignal) -> None:
         """An unknown call of this run passed its reconcile deadline and was escalated."""
+        if self._attributes_follow_ledger and signal.key not in self._pending:
+            return  # settled meanwhile: nobody needs to be paged about it any more
         self._escalated[signal.key] = signal.owner
-        owners = sorted(set(self._escalated.values()))
-        workflow.upsert_search_attributes([ESCALATED_TO.value_set(", ".join(owners))])
+        self._publish_escalations()
 
     @workflow.query
     def status(self) -> RunStatus:
@@ -188,6 +233,7 @@ class AgentRunWorkflow:
                 ModelActivities.call_model,
                 conversation.request(),
                 start_to_close_timeout=MODEL_TIMEOUT,
+                schedule_to_close_timeout=MODEL_RETRY_BUDGET,
                 heartbeat_timeout=MODEL_HEARTBEAT,
                 retry_policy=MODEL_RETRY,
                 summary=f"model turn {turn}",
@@ -351,9 +397,13 @@ class AgentRunWorkflow:
         workflow.set_current_details(
             f"Waiting for an operator to approve or deny {ref.key} ({ref.tool}) before it is sent."
         )
+        recheck = spec.policy.recheck_interval_seconds if self._recheck else None
         while outcome.status is Status.AWAITING_APPROVAL:
             remaining = (deadline - workflow.now()).total_seconds()
-            nudged = remaining > 0 and await self._wait_for_nudge(ref.key, remaining)
+            wait = min(remaining, recheck) if recheck else remaining
+            nudged = remaining > 0 and await self._wait_for_nudge(ref.key, wait)
+            # A recheck before the deadline asks the ledger as a nudge would (the signal may be lost).
+            nudged = nudged or (remaining > wait)
             self._nudged.discard(ref.key)
             if not nudged:
                 outcome = await workflow.execute_activity_method(
@@ -372,11 +422,7 @@ class AgentRunWorkflow:
                     break
                 # Approved just before the deadline: dispatch it.
             outcome = await self._send_once(tool, tool_input, ref)
-        del self._pending[ref.key]
-        self._publish_unresolved()
-        if not self._pending:
-            self._set_phase(Phase.RUNNING)
-            workflow.set_current_details("")
+        self._leave_pending(ref.key)
         return outcome
 
     async def _wait_for_nudge(self, key: str, timeout_seconds: float) -> bool:
@@ -390,11 +436,14 @@ class AgentRunWorkflow:
         self, spec: AgentSpec, tool: ToolSpec, ref: CallRef, outcome: ToolOutcome
     ) -> ToolOutcome:
         """Unknown: raise it, start reconciling, then pause for the ledger's answer or fail the run."""
-        self._pending[ref.key] = _summary(outcome)
         self._calls[ref.tool_call_id] = _summary(outcome)
-        self._publish_unresolved()
+        failing = spec.policy.on_indeterminate == "fail"
+        if not (failing and self._attributes_follow_ledger):
+            # A run that is about to close does not list the key: its reconciler does, while open.
+            self._pending[ref.key] = _summary(outcome)
+            self._publish_unresolved()
         await self._start_reconcile(spec, tool, ref)
-        if spec.policy.on_indeterminate == "fail":
+        if failing:
             raise ApplicationError(
                 f"tool call {ref.key} ({ref.tool}) is indeterminate: {outcome.error}. "
                 "The run stops here (on_indeterminate: fail); the call stays in the ledger for "
@@ -405,16 +454,36 @@ class AgentRunWorkflow:
         self._set_phase(Phase.AWAITING_RECONCILIATION)
         workflow.set_current_details(
             f"Waiting for {ref.key} ({ref.tool}) to be settled by its reconcile hook or an operator "
-            "(send a `resolve` signal)."
+            "(send a `resolve` signal or update)."
         )
-        await workflow.wait_condition(lambda: ref.key in self._resolved)
+        recheck = spec.policy.recheck_interval_seconds if self._recheck else None
+        while ref.key not in self._resolved:
+            if recheck is None:
+                await workflow.wait_condition(lambda: ref.key in self._resolved)
+            elif not await self._wait_for_resolution(ref.key, recheck):
+                # Nothing told us for a while; the ledger may know anyway (a lost signal, a late
+                # owner's answer, a reconciler past its deadline and an operator after it).
+                await self._settle(ResolveSignal(key=ref.key, actor="run"), source="recheck")
         resolved = self._resolved.pop(ref.key)
-        del self._pending[ref.key]
+        self._leave_pending(ref.key)
+        return resolved
+
+    async def _wait_for_resolution(self, key: str, timeout_seconds: float) -> bool:
+        try:
+            await workflow.wait_condition(lambda: key in self._resolved, timeout=timeout_seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    def _leave_pending(self, key: str) -> None:
+        """The ledger settled `key`: it leaves the run's unresolved keys, and its escalation."""
+        del self._pending[key]
         self._publish_unresolved()
+        if self._attributes_follow_ledger and self._escalated.pop(key, None) is not None:
+            self._publish_escalations()
         if not self._pending:
             self._set_phase(Phase.RUNNING)
             workflow.set_current_details("")
-        return resolved
 
     async def _start_reconcile(self, spec: AgentSpec, tool: ToolSpec, ref: CallRef) -> None:
         policy = spec.policy
@@ -450,6 +519,12 @@ class AgentRunWorkflow:
         keys = sorted(self._pending)
         workflow.upsert_search_attributes(
             [UNRESOLVED_KEYS.value_set(keys) if keys else UNRESOLVED_KEYS.value_unset()]
+        )
+
+    def _publish_escalations(self) -> None:
+        owners = sorted(set(self._escalated.values()))
+        workflow.upsert_search_attributes(
+            [ESCALATED_TO.value_set(", ".join(owners)) if owners else ESCALATED_TO.value_unset()]
         )
 
     def _calls_by_key(self) -> dict[str, CallSummary]:

@@ -314,6 +314,17 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             ),
         )
 
+    @app.post("/v1/tool-executions/{key}/nudge", response_model=DecisionResponse)
+    async def nudge(key: Key, operator: Operator) -> DecisionResponse:
+        """Ask the workflow waiting on this call to read the ledger now. Decides nothing: for a run
+        that missed the signal of a decision (it would also find it at its next slow re-read)."""
+        try:
+            record = await ledger.get(_check_key(key), with_events=False, tenant=operator.tenant)
+        except RecordNotFoundError:
+            raise _not_found(key) from None
+        signalled = await tell_workflow(record, f"operator:{operator.operator}")
+        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+
     @app.post(
         "/v1/tool-executions/{key}/compensate",
         response_model=CompensationStarted,

@@ -29,7 +29,7 @@ test: lint typecheck
 	$(BIN)/pytest
 
 bench: $(STAMP)
-	$(BIN)/python bench/ledger.py
+	$(BIN)/python bench/ledger_hot_path.py
 	$(BIN)/python bench/e2e.py
 
 RUNS ?= 200

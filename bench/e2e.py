@@ -33,7 +33,6 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -48,11 +47,6 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RetryPolicy
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor, Worker
-
-# Python puts this script's folder first on sys.path, and bench/ledger.py would then shadow the
-# `ledger` package: drop that entry. (The workflow sandbox runs this module again; leave it be there.)
-if not workflow.unsafe.in_sandbox():
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 with workflow.unsafe.imports_passed_through():
     import httpx

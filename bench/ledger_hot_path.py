@@ -11,7 +11,7 @@ alike, and asyncpg's pool is asyncpg's. For reference the script also prints a s
 pool at all (one dedicated connection per worker) and the ratio against it.
 The two alternate in short rounds after a warm-up so that drift on a busy machine hits both alike.
 
-    .venv/bin/python bench/ledger.py [--seconds 0.75] [--rounds 7] [--concurrency 1 8 32]
+    .venv/bin/python bench/ledger_hot_path.py [--seconds 0.75] [--rounds 7] [--concurrency 1 8 32]
 
 Figures: cycles per second over all rounds, the client's CPU per cycle (this process; the server's
 is not counted), and per concurrency the ratio ledger/floor: the median over rounds, each round
@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -39,15 +38,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# This script is itself named ledger.py and Python puts its directory first on sys.path: drop that
-# entry so that `import ledger` finds the package rather than this file.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import asyncpg
 
-import asyncpg  # noqa: E402
-
-from ledger import CallIdentity, Ledger, SideEffect, migrate  # noqa: E402
-from ledger.queries import COMPLETE_STARTED, RESERVE  # noqa: E402
-from onceflow.postgres import (  # noqa: E402
+from ledger import CallIdentity, Ledger, SideEffect, migrate
+from ledger.queries import COMPLETE_STARTED, RESERVE
+from onceflow.postgres import (
     configured_database_url,
     create_database,
     drop_database,

@@ -12,7 +12,12 @@ from onceflow.payloads import ToolOutcome
 
 
 def outcome_from_record(record: ToolExecutionRecord, *, replayed: bool = False) -> ToolOutcome:
+    # Settled by someone other than the attempt that sent it (an operator, a reconciler, a
+    # deadline): the model is told who and why, not just a result that may be null.
+    decided_by = record.settled_by if record.settled_by and record.settled_by != record.owner else None
     return ToolOutcome(
+        settled_by=decided_by,
+        settlement_reason=record.reason if decided_by else None,
         tool_call_id=record.tool_call_id,
         tool=record.tool_name,
         key=record.key,

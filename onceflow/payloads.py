@@ -172,9 +172,18 @@ class ToolOutcome(_Frozen):
     error: str | None = None
     failure_kind: FailureKind | None = None
     replayed: bool = False  # the ledger already had the result; the tool was not called
+    settled_by: str | None = None  # who settled it, when not the attempt that sent it
+    settlement_reason: str | None = None
 
     def for_model(self) -> dict[str, Any]:
         """The truth, as the model is told it."""
+        told = self._told()
+        if self.settled_by:
+            told["settled_by"] = self.settled_by
+            told["settlement_reason"] = self.settlement_reason
+        return told
+
+    def _told(self) -> dict[str, Any]:
         if self.status in (Status.COMPLETED, "ok"):
             return {"ok": True, "result": self.value}
         if self.status is Status.COMPENSATED:

@@ -110,6 +110,19 @@ async def test_a_paused_run_finds_a_settlement_nobody_signalled(harness: Harness
     assert "cr_found" in result.final
     assert DOWNSTREAM.send_attempts == 1
     assert await attribute(handle, UNRESOLVED_KEYS) is None
+    # The model heard who settled it and why, beside the result.
+    async with harness.ledger.connection("test") as conn:
+        told = await conn.fetchval(
+            "SELECT message->>'content' FROM conversation_messages WHERE run_id = $1 AND message->>'role' = 'tool'"
+            " AND message->>'name' = 'issue_credit_unreconciled'",
+            handle.id,
+        )
+    assert json.loads(told) == {
+        "ok": True,
+        "result": {"credit_id": "cr_found"},
+        "settled_by": "operator:alice",
+        "settlement_reason": "found in the billing console",
+    }
 
 
 async def test_a_quiet_run_stays_paused_until_nudged(
@@ -166,7 +179,11 @@ async def test_a_run_failed_on_an_unknown_call_leaves_the_key_to_its_reconciler(
     reconciler = temporal_env.client.get_workflow_handle(
         reconcile_workflow_id(key), result_type=ReconcileResult
     )
-    assert await attribute(reconciler, UNRESOLVED_KEYS) == [key]
+
+    async def listed_by_reconciler() -> bool:  # its first workflow task may still be on its way
+        return await attribute(reconciler, UNRESOLVED_KEYS) == [key]
+
+    await eventually(listed_by_reconciler, "the reconciler to list the key")
     await settle_behind_the_runs_back(harness.ledger, key)
     assert (await asyncio.wait_for(reconciler.result(), 15)).status is Status.COMPLETED
     assert await attribute(reconciler, UNRESOLVED_KEYS) is None

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dev test lint typecheck bench drill clean histories replay
+.PHONY: demo dev test lint typecheck bench drill clean histories replay deploy-tests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ histories: $(STAMP)
 # Replay every recorded history against today's workflow code (also part of `make test`).
 replay: $(STAMP)
 	$(BIN)/pytest tests/test_replay.py
+
+# Deploys and shutdown (docs/operations.md): graceful shutdown, rolling restarts with real worker
+# processes (also the slow SIGKILL comparison), replay of recorded histories, PostgreSQL lifetime.
+deploy-tests: $(STAMP)
+	$(BIN)/pytest -m "slow or drill or not (slow or drill)" tests/test_worker_shutdown.py \
+		tests/test_rolling_restart.py tests/test_replay.py tests/test_postgres_lifetime.py
 
 clean:
 	rm -rf $(VENV) .onceflow

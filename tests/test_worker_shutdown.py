@@ -7,13 +7,15 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
-from onceflow.agents import AgentRegistry, load_agents
+from onceflow.agents import AgentRegistry, load_agents, parse_duration
 from onceflow.config import Settings
 from onceflow.constants import ACTIVITY_MARGIN
 from onceflow.dev import DevStack, StackConfig
 from onceflow.shutdown import SHUTDOWN_SLACK, ShutdownGraceError, shutdown_grace
 from onceflow.worker import run_worker
+from tests.support.processes import REPO
 from tests.support.rolling_tools import AGENTS_YAML, CREDIT_TIMEOUT
 
 
@@ -85,3 +87,14 @@ def test_onceflow_dev_waits_for_the_worker_grace_before_it_kills(
     monkeypatch.setenv("ONCEFLOW_SHUTDOWN_GRACE", "90")
     assert stack._stop_timeout("worker") > 90
     assert stack._stop_timeout("billing") == 10
+
+
+def test_compose_stops_the_worker_only_after_its_grace() -> None:
+    """docker-compose's stop_grace_period must outlast the worker's grace, or a deploy is a SIGKILL."""
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    worker = compose["services"]["worker"]
+    configured = str(worker.get("environment", {}).get("ONCEFLOW_SHUTDOWN_GRACE", ""))
+    # The image's agents file is the repository's agents.yaml (tests/test_compose.py checks that).
+    grace = shutdown_grace(load_agents(REPO / "agents.yaml"), configured)
+    stop = parse_duration(worker.get("stop_grace_period", "10s"))  # docker's default is 10 s
+    assert stop >= grace + timedelta(seconds=10), f"stop_grace_period {stop} vs grace {grace}"

@@ -40,6 +40,7 @@ def build_worker(
         activities=all_activities(ledger, registry, identity),
         identity=identity,
         # After shutdown() (SIGTERM) polling stops at once; running activities get this long.
+        # In-process workers (tests, benchmarks) keep 0: cancel at once. run_worker passes the grace.
         graceful_shutdown_timeout=shutdown_grace,
     )
 

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dev test lint typecheck bench drill clean
+.PHONY: demo dev test lint typecheck bench drill clean histories replay deploy-tests
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,21 @@ bench: $(STAMP)
 RUNS ?= 200
 drill: $(STAMP)
 	$(BIN)/onceflow drill --runs $(RUNS)
+
+# Record the histories of every workflow shape from the code as it is now (a release's runs in
+# flight), into tests/histories/<date>-<commit>/. Never re-record over an existing folder.
+histories: $(STAMP)
+	$(BIN)/python -m tests.support.record_histories
+
+# Replay every recorded history against today's workflow code (also part of `make test`).
+replay: $(STAMP)
+	$(BIN)/pytest tests/test_replay.py
+
+# Deploys and shutdown (docs/operations.md): graceful shutdown, rolling restarts with real worker
+# processes (also the slow SIGKILL comparison), replay of recorded histories, PostgreSQL lifetime.
+deploy-tests: $(STAMP)
+	$(BIN)/pytest -m "slow or drill or not (slow or drill)" tests/test_worker_shutdown.py \
+		tests/test_rolling_restart.py tests/test_replay.py tests/test_postgres_lifetime.py
 
 clean:
 	rm -rf $(VENV) .onceflow

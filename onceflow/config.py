@@ -16,6 +16,9 @@ ENVIRONMENT = {
     "ONCEFLOW_AGENTS": "agents.yaml",
     "ONCEFLOW_BILLING_URL": "http://127.0.0.1:8081",
 }
+# Read by the worker only. ONCEFLOW_SHUTDOWN_GRACE: seconds a SIGTERMed worker lets in-flight
+# activities finish; unset means the longest tool timeout plus margins (see onceflow/worker.py).
+WORKER_ENVIRONMENT = {"ONCEFLOW_SHUTDOWN_GRACE": ""}
 # Read by `onceflow api` only: the port it listens on.
 API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082"}
 # Read by `onceflow executions`, an operator's client of the API.
@@ -23,7 +26,7 @@ OPERATOR_ENVIRONMENT = {
     "ONCEFLOW_API": "http://127.0.0.1:8082",
     "ONCEFLOW_TOKEN": "",  # a bearer token from `onceflow tokens create`
 }
-ALL_ENVIRONMENT = {**ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT}
+ALL_ENVIRONMENT = {**ENVIRONMENT, **WORKER_ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT}
 
 
 def env(name: str) -> str:
@@ -37,6 +40,7 @@ class Settings:
     task_queue: str
     database_url: str
     agents_path: str
+    shutdown_grace: str = ""  # ONCEFLOW_SHUTDOWN_GRACE as given; the worker checks it
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -46,4 +50,5 @@ class Settings:
             task_queue=env("ONCEFLOW_TASK_QUEUE"),
             database_url=env("ONCEFLOW_DATABASE_URL"),
             agents_path=env("ONCEFLOW_AGENTS"),
+            shutdown_grace=env("ONCEFLOW_SHUTDOWN_GRACE"),
         )

@@ -23,9 +23,11 @@ import httpx
 from temporalio.client import Client
 
 from ledger import migrate
+from onceflow.agents import AgentConfigError, load_agents
 from onceflow.client import search_attribute_flags
 from onceflow.config import ENVIRONMENT, env
 from onceflow.postgres import EmbeddedPostgres, configured_database_url, create_database
+from onceflow.shutdown import SHUTDOWN_GRACE_ENV, ShutdownGraceError, shutdown_grace
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LEDGER_DATABASE = "onceflow"
@@ -202,15 +204,20 @@ class DevStack:
         return None
 
     async def stop(self) -> None:
-        for _name, process in reversed(self._processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for _name, process in reversed(self._processes):
-            try:
-                await asyncio.to_thread(process.wait, 10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                await asyncio.to_thread(process.wait)
+        # The worker and the API first, while Temporal, the ledger and billing are still there for
+        # the worker's in-flight activities to finish against; then the rest.
+        first = [(n, p) for n, p in self._processes if n in ("worker", "api")]
+        rest = [(n, p) for n, p in self._processes if n not in ("worker", "api")]
+        for group in (first, rest):
+            for _name, process in reversed(group):
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
+            for name, process in reversed(group):
+                try:
+                    await asyncio.to_thread(process.wait, self._stop_timeout(name))
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    await asyncio.to_thread(process.wait)
         self._processes.clear()
         if self._postgres is not None:
             await asyncio.to_thread(self._postgres.stop)
@@ -219,6 +226,17 @@ class DevStack:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+    def _stop_timeout(self, name: str) -> float:
+        """Seconds to wait after SIGTERM before SIGKILL: the worker's shutdown grace and a bit."""
+        if name != "worker":
+            return 10.0
+        try:
+            registry = load_agents(self._agents_path())
+            grace = shutdown_grace(registry, os.environ.get(SHUTDOWN_GRACE_ENV, ""))
+        except (AgentConfigError, ShutdownGraceError):
+            return 10.0  # such a worker refused to start; there is nothing in flight to wait for
+        return grace.total_seconds() + 5
 
     def _take_lock(self) -> None:
         lock = open(self.data_dir / "dev.lock", "w")

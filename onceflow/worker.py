@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+from datetime import timedelta
 
 import asyncpg
 from temporalio.client import Client
@@ -16,6 +17,7 @@ from ledger import Ledger, LedgerError, migrate
 from onceflow.agents import AgentConfigError, AgentRegistry, load_agents
 from onceflow.client import connect, ensure_search_attributes
 from onceflow.config import Settings
+from onceflow.shutdown import ShutdownGraceError, shutdown_grace
 from workflows import ALL_WORKFLOWS
 
 log = logging.getLogger("onceflow.worker")
@@ -28,6 +30,7 @@ def build_worker(
     *,
     task_queue: str,
     identity: str | None = None,
+    shutdown_grace: timedelta = timedelta(),
 ) -> Worker:
     identity = identity or default_identity()
     return Worker(
@@ -36,6 +39,9 @@ def build_worker(
         workflows=ALL_WORKFLOWS,
         activities=all_activities(ledger, registry, identity),
         identity=identity,
+        # After shutdown() (SIGTERM) polling stops at once; running activities get this long.
+        # In-process workers (tests, benchmarks) keep 0: cancel at once. run_worker passes the grace.
+        graceful_shutdown_timeout=shutdown_grace,
     )
 
 
@@ -60,27 +66,47 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
     """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
     registry, ledger = await open_agents_and_ledger(settings, "worker")
     try:
+        try:
+            grace = shutdown_grace(registry, settings.shutdown_grace)
+        except ShutdownGraceError as exc:
+            raise SystemExit(f"cannot start the worker: {exc}") from exc
         client = await connect(settings)
         added = await ensure_search_attributes(client)
         if added:
             log.info("registered search attributes: %s", ", ".join(added))
         stop = stop or _stop_on_signals()
-        worker = build_worker(client, ledger, registry, task_queue=settings.task_queue)
+        worker = build_worker(client, ledger, registry, task_queue=settings.task_queue, shutdown_grace=grace)
         agents = ", ".join(sorted(registry.agents))
-        log.info(
-            "worker on %s, task queue %s, agents: %s", settings.temporal_address, settings.task_queue, agents
-        )
         async with worker:
+            log.info(
+                "worker on %s polling task queue %s; agents: %s; shutdown grace %gs",
+                settings.temporal_address,
+                settings.task_queue,
+                agents,
+                grace.total_seconds(),
+            )
             await stop.wait()
+            log.info(
+                "stopping: no new tasks; in-flight activities have up to %gs to finish",
+                grace.total_seconds(),
+            )
+        log.info("worker stopped")
     finally:
+        # Only now: activities finishing during the grace still record their outcomes.
         await ledger.close()
 
 
 def _stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def asked(sig: signal.Signals) -> None:
+        if stop.is_set():
+            log.info("%s again: already stopping, still waiting for in-flight activities", sig.name)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, asked, sig)
     return stop
 
 

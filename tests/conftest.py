@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from examples.billing.client import BillingClient
 from ledger import Ledger, migrate
 from onceflow.constants import SEARCH_ATTRIBUTES
-from onceflow.postgres import configured_database_url, create_database, drop_database, start_embedded_postgres
+from onceflow.postgres import EmbeddedPostgres, configured_database_url, create_database, drop_database
 from onceflow.telemetry import tracing_interceptor
 from tests.support.operator_api import OperatorApi, serving_api
 from tests.support.processes import ChildProcesses, start_billing_service
@@ -34,7 +34,12 @@ def postgres_dsn() -> Iterator[str]:
         yield configured
         return
     with tempfile.TemporaryDirectory(prefix="onceflow-pg-") as tmp:
-        yield start_embedded_postgres(Path(tmp) / "data")
+        # Stopped here at the session's end; if pytest is killed instead, its watchdog stops it.
+        server = EmbeddedPostgres(Path(tmp) / "data", stop_with_parent=True, remove_if_orphaned=Path(tmp))
+        try:
+            yield server.dsn
+        finally:
+            server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -126,7 +126,8 @@ class OwnPostgres:
     async def start(self) -> str:
         """Start the cluster (creating it the first time); returns its admin DSN, the same every time."""
         assert self._server is None, "already running"
-        self._server = await asyncio.to_thread(EmbeddedPostgres, self.data_dir)
+        # Stopped by its watchdog if pytest dies before stop().
+        self._server = await asyncio.to_thread(EmbeddedPostgres, self.data_dir, stop_with_parent=True)
         if self.dsn and self._server.dsn != self.dsn:
             raise RuntimeError(f"PostgreSQL came back at {self._server.dsn}, not {self.dsn}")
         self.dsn = self._server.dsn

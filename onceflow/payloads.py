@@ -288,3 +288,4 @@ class ConflictSignal(_Frozen):
 
     key: str
     detail: str
+    open: bool = True  # False: an operator acknowledged it, and the key leaves the attribute

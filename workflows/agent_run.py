@@ -2,6 +2,7 @@
 
 Signals: `resolve(ResolveSignal)`: settle an unknown call (compare-and-set in the ledger) or just
     re-read it; the run acts only on the ledger's answer.
+`conflict(ConflictSignal)`: a late outcome contradicted a decision (OnceflowConflictKeys).
 Queries: `status() -> RunStatus`: phase, pending calls and their last known ledger status.
 Search attributes: OnceflowPhase, OnceflowTenant, OnceflowAgent, OnceflowUnresolvedKeys.
 """
@@ -29,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from onceflow.constants import (
         ACTIVITY_MARGIN,
         AGENT,
+        CONFLICT_KEYS,
         ERR_CALL_INDETERMINATE,
         ERR_LEDGER_UNAVAILABLE,
         ERR_OUTCOME_NOT_RECORDED,
@@ -54,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         AgentSpec,
         CallRef,
         CallSummary,
+        ConflictSignal,
         EscalatedSignal,
         ExpireApprovalInput,
         Message,
@@ -87,6 +90,7 @@ class AgentRunWorkflow:
         self._last_resolve_error: str | None = None
         self._nudged: set[str] = set()
         self._escalated: dict[str, str] = {}
+        self._conflicts: set[str] = set()
 
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
@@ -144,6 +148,19 @@ class AgentRunWorkflow:
         self._escalated[signal.key] = signal.owner
         owners = sorted(set(self._escalated.values()))
         workflow.upsert_search_attributes([ESCALATED_TO.value_set(", ".join(owners))])
+
+    @workflow.signal
+    def conflict(self, signal: ConflictSignal) -> None:
+        """A late outcome contradicted the decision on one of this run's calls, or an operator
+        acknowledged one. The ledger's flag is the truth; this keeps OnceflowConflictKeys in step."""
+        if signal.open:
+            self._conflicts.add(signal.key)
+        else:
+            self._conflicts.discard(signal.key)
+        keys = sorted(self._conflicts)
+        workflow.upsert_search_attributes(
+            [CONFLICT_KEYS.value_set(keys) if keys else CONFLICT_KEYS.value_unset()]
+        )
 
     @workflow.query
     def status(self) -> RunStatus:

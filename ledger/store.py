@@ -163,7 +163,8 @@ class Ledger(OperatorDecisions):
                     record = to_record(claimed)
                     self.annotate(record, Reservation.NEW)
                     return ReserveResult(outcome=Reservation.NEW, record=record)
-                if record.status is not Status.FAILED:
+                # A failed call in open conflict (its owner says it took effect) is not re-sent.
+                if record.status is not Status.FAILED or record.has_conflict:
                     outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
                     self.annotate(record, outcome)
                     return ReserveResult(outcome=outcome, record=record)

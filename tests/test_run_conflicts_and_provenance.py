@@ -1,0 +1,106 @@
+"""Through real runs: a resolve signal cannot pass for an operator, and a late owner outcome that
+contradicts the decision flags the call and shows on the run's search attributes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from ledger import EventSource, Ledger, Status
+from onceflow.constants import CONFLICT_KEYS
+from onceflow.payloads import OwnerOutcome, Phase, ResolveSignal
+from tests.support.agents import support_registry
+from tests.support.downstream import DOWNSTREAM
+from tests.support.late_outcome import LateOutcomeInput, RecordLateOutcome
+from tests.test_agent_run import wait_for_phase
+from tests.workflow_harness import Harness, running_worker
+from workflows.agent_run import AgentRunWorkflow
+
+
+@pytest.fixture
+async def harness(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIterator[Harness]:
+    DOWNSTREAM.reset()
+    async with running_worker(temporal_env.client, ledger, support_registry()) as h:
+        yield h
+
+
+async def paused_run(harness: Harness) -> tuple[WorkflowHandle[Any, Any], str]:
+    order_id = f"o{uuid.uuid4().hex[:8]}"
+    DOWNSTREAM.modes[f"acct_{order_id}"] = "hang_after_apply"
+    handle = await harness.start("credit-pause", json.dumps({"order_id": order_id}))
+    await wait_for_phase(handle, Phase.AWAITING_RECONCILIATION)
+    return handle, f"{handle.id}:call_1_0"
+
+
+async def conflict_keys(handle: WorkflowHandle[Any, Any]) -> list[str] | None:
+    return (await handle.describe()).typed_search_attributes.get(CONFLICT_KEYS)
+
+
+async def test_a_resolve_signal_naming_an_operator_is_recorded_as_the_signal_it_was(
+    harness: Harness,
+) -> None:
+    handle, key = await paused_run(harness)
+
+    await handle.signal(
+        AgentRunWorkflow.resolve,
+        ResolveSignal(key=key, status="failed", reason="typed in the CLI", actor="operator:alice"),
+    )
+    await asyncio.wait_for(handle.result(), 20)
+
+    record = await harness.ledger.get(key)
+    assert (record.status, record.settled_by) == (Status.FAILED, "signal:alice")
+    settled = [e for e in record.events if e.kind == "settled"]
+    assert [(e.actor, e.source) for e in settled] == [("signal:alice", EventSource.SIGNAL)]
+    assert settled[0].detail == {"claimed_actor": "operator:alice"}
+    assert not any(e.actor.startswith("operator:") for e in record.events)
+
+
+async def test_a_late_owner_outcome_against_the_decision_flags_the_run_until_acknowledged(
+    harness: Harness,
+) -> None:
+    handle, key = await paused_run(harness)
+    unknown = await harness.ledger.get(key, with_events=False)
+    assert unknown.status is Status.INDETERMINATE and unknown.owner
+    # An operator decides "failed" (the run is not told, so it keeps waiting) ...
+    await harness.ledger.settle(key, status=Status.FAILED, actor="operator:alice", reason="not in billing")
+    # ... and then the owner's answer arrives after all: it completed.
+    late = OwnerOutcome(
+        key=key,
+        owner=unknown.owner,
+        tool=unknown.tool_name,
+        tool_call_id=unknown.tool_call_id,
+        status="completed",
+        value={"credit_id": "cr_late"},
+    )
+    helper_queue = f"late-{uuid.uuid4().hex[:8]}"
+    request = LateOutcomeInput(outcome=late, task_queue=harness.task_queue)
+    async with Worker(harness.client, task_queue=helper_queue, workflows=[RecordLateOutcome]):
+        told = await harness.client.execute_workflow(
+            RecordLateOutcome.run, request, id=f"late-{uuid.uuid4().hex[:8]}", task_queue=helper_queue
+        )
+        assert told.status is Status.FAILED  # the decision stands
+
+        record = await harness.ledger.get(key, with_events=False)
+        assert record.has_conflict and record.status is Status.FAILED
+        assert await conflict_keys(handle) == [key]
+
+        # The run goes on with the decision, and closes.
+        await handle.signal(AgentRunWorkflow.resolve, ResolveSignal(key=key))
+        await asyncio.wait_for(handle.result(), 20)
+
+        # A retry of the step after the run closed: no second conflict event, and no error.
+        again = await harness.client.execute_workflow(
+            RecordLateOutcome.run, request, id=f"late-{uuid.uuid4().hex[:8]}", task_queue=helper_queue
+        )
+        assert again.status is Status.FAILED
+    events = (await harness.ledger.get(key)).events
+    assert [e.kind for e in events].count("outcome_conflict") == 1
+    assert await conflict_keys(handle) == [key]  # what the run said when it closed

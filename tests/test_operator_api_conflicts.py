@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Sequence
 
 from ledger import Status
 from onceflow.constants import CONFLICT_KEYS
@@ -77,7 +78,7 @@ async def test_acknowledging_a_conflict_keeps_the_decision_and_clears_the_runs_a
         AgentRunWorkflow.conflict, ConflictSignal(key=key, detail="reconciler says completed")
     )
 
-    async def attribute() -> list[str] | None:
+    async def attribute() -> Sequence[str] | None:
         return (await handle.describe()).typed_search_attributes.get(CONFLICT_KEYS)
 
     for _ in range(100):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -40,7 +40,7 @@ async def paused_run(harness: Harness) -> tuple[WorkflowHandle[Any, Any], str]:
     return handle, f"{handle.id}:call_1_0"
 
 
-async def conflict_keys(handle: WorkflowHandle[Any, Any]) -> list[str] | None:
+async def conflict_keys(handle: WorkflowHandle[Any, Any]) -> Sequence[str] | None:
     return (await handle.describe()).typed_search_attributes.get(CONFLICT_KEYS)
 
 

@@ -106,13 +106,13 @@ class CompensationActivities:
         """If the compensation took effect, the original becomes `compensated`. Returns the original."""
         done = await self.ledger.get(compensation_key(request.key), with_events=False, tenant=request.tenant)
         if done.status is Status.COMPLETED:
-            # The workflow's input names who asked, but anyone with Temporal access could start
-            # it: the event is the compensation's, and the requester is part of its evidence.
+            # The actor is the operator who asked the API for it; the source says it was
+            # recorded by the compensation workflow, not by the API's own request.
             record = await self.ledger.mark_compensated(
                 request.key,
-                actor="compensation",
+                actor=request.actor,
                 reason=request.reason,
-                evidence={"compensation_key": done.key, "result": done.result, "requested_by": request.actor},
+                evidence={"compensation_key": done.key, "result": done.result},
                 source=EventSource.COMPENSATION,
             )
         else:

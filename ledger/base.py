@@ -42,9 +42,14 @@ def require_text(value: str | None, action: str) -> str:
     return value.strip()
 
 
+# Doors that act for an authenticated operator: the API itself, and the compensation workflow the
+# API starts for one (its input names the operator who asked).
+_OPERATOR_DOORS = frozenset({EventSource.API, EventSource.COMPENSATION})
+
+
 def check_provenance(actor: str, source: EventSource) -> None:
-    """Only the operator API, which authenticated a bearer token, may write an `operator:` actor."""
-    if actor.startswith(OPERATOR_PREFIX) and source is not EventSource.API:
+    """Only the operator API (and the compensation it starts) may write an `operator:` actor."""
+    if actor.startswith(OPERATOR_PREFIX) and source not in _OPERATOR_DOORS:
         raise ProvenanceError(actor, source.value)
 
 

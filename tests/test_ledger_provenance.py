@@ -44,7 +44,7 @@ async def test_only_the_api_may_record_an_operator_and_a_refusal_changes_nothing
     await ledger.mark_indeterminate(call.key, actor="inspector", reason="timed out")
     before = await ledger.get(call.key)
 
-    for source in (EventSource.SIGNAL, EventSource.UPDATE, EventSource.RECONCILER):
+    for source in (EventSource.SIGNAL, EventSource.UPDATE, EventSource.RECONCILER, EventSource.OWNER):
         with pytest.raises(ProvenanceError, match="only the operator API"):
             await ledger.settle(
                 call.key, status=Status.FAILED, actor="operator:alice", reason="forged", source=source

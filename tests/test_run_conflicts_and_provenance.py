@@ -14,7 +14,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from ledger import EventSource, Ledger, Status
+from ledger import CallIdentity, EventSource, Ledger, SideEffect, Status
 from onceflow.constants import CONFLICT_KEYS
 from onceflow.payloads import OwnerOutcome, Phase, ResolveSignal
 from tests.support.agents import support_registry
@@ -63,20 +63,38 @@ async def test_a_resolve_signal_naming_an_operator_is_recorded_as_the_signal_it_
     assert not any(e.actor.startswith("operator:") for e in record.events)
 
 
-async def test_a_late_owner_outcome_against_the_decision_flags_the_run_until_acknowledged(
+async def open_run_with_a_decided_call(harness: Harness) -> tuple[WorkflowHandle[Any, Any], str]:
+    """A run that stays open (its first call waits for approval) and, beside it, one more call of that
+    run that timed out and that an operator decided "failed". A run paused on reconciliation would
+    not do: its reconciler sees the decision and the run finishes before the late outcome arrives."""
+    order_id = f"o{uuid.uuid4().hex[:8]}"
+    handle = await harness.start("credit-approval", json.dumps({"order_id": order_id}))
+    await wait_for_phase(handle, Phase.AWAITING_APPROVAL)
+    call = CallIdentity(tenant="acme", run_id=handle.id, tool_call_id="call_9_0", agent="credit-approval")
+    await harness.ledger.reserve(
+        call,
+        tool_name="issue_credit_approved",
+        side_effect=SideEffect.EXTERNAL,
+        arguments={"account_id": f"acct_{order_id}", "amount_cents": 100},
+        owner="zombie-attempt",
+    )
+    await harness.ledger.mark_indeterminate(call.key, actor="inspector", reason="timed out")
+    await harness.ledger.settle(
+        call.key, status=Status.FAILED, actor="operator:alice", reason="not in billing"
+    )
+    return handle, call.key
+
+
+async def test_a_late_owner_outcome_against_the_decision_flags_the_call_and_the_run(
     harness: Harness,
 ) -> None:
-    handle, key = await paused_run(harness)
-    unknown = await harness.ledger.get(key, with_events=False)
-    assert unknown.status is Status.INDETERMINATE and unknown.owner
-    # An operator decides "failed" (the run is not told, so it keeps waiting) ...
-    await harness.ledger.settle(key, status=Status.FAILED, actor="operator:alice", reason="not in billing")
-    # ... and then the owner's answer arrives after all: it completed.
+    handle, key = await open_run_with_a_decided_call(harness)
+    # The owner's answer arrives after all, through the real `record_outcome` step: it completed.
     late = OwnerOutcome(
         key=key,
-        owner=unknown.owner,
-        tool=unknown.tool_name,
-        tool_call_id=unknown.tool_call_id,
+        owner="zombie-attempt",
+        tool="issue_credit_approved",
+        tool_call_id="call_9_0",
         status="completed",
         value={"credit_id": "cr_late"},
     )
@@ -90,17 +108,18 @@ async def test_a_late_owner_outcome_against_the_decision_flags_the_run_until_ack
 
         record = await harness.ledger.get(key, with_events=False)
         assert record.has_conflict and record.status is Status.FAILED
+        for _ in range(100):
+            if await conflict_keys(handle) == [key]:
+                break
+            await asyncio.sleep(0.05)
         assert await conflict_keys(handle) == [key]
 
-        # The run goes on with the decision, and closes.
-        await handle.signal(AgentRunWorkflow.resolve, ResolveSignal(key=key))
-        await asyncio.wait_for(handle.result(), 20)
-
-        # A retry of the step after the run closed: no second conflict event, and no error.
+        # A closed run cannot take the signal: the step still succeeds, and adds no second event.
+        await handle.terminate("test over")
         again = await harness.client.execute_workflow(
             RecordLateOutcome.run, request, id=f"late-{uuid.uuid4().hex[:8]}", task_queue=helper_queue
         )
         assert again.status is Status.FAILED
     events = (await harness.ledger.get(key)).events
     assert [e.kind for e in events].count("outcome_conflict") == 1
-    assert await conflict_keys(handle) == [key]  # what the run said when it closed
+    assert (await harness.ledger.get(key, with_events=False)).has_conflict

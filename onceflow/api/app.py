@@ -243,7 +243,8 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             bool | None,
             Query(
                 description="Calls whose late outcome contradicted the decision. Omitted: listed "
-                "beside the unresolved calls; true: only those (no `status` then); false: none."
+                "beside the unresolved calls; true: only those (they are settled, so `status` then "
+                "matches none); false: none of them."
             ),
         ] = None,
         tool: Annotated[str | None, Query(max_length=200, pattern=_STORABLE)] = None,
@@ -253,14 +254,12 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
         cursor: Annotated[str | None, Query(max_length=1000)] = None,
     ) -> ToolExecutionList:
         """The tenant's calls nobody can vouch for yet, and open conflicts, longest waiting first."""
-        if conflict and status is not None:
-            raise Problem(
-                400,
-                "invalid-request",
-                "Invalid request",
-                "conflict=true lists conflicting calls only (they are settled): leave out `status`",
-            )
-        statuses = _statuses(status) if not conflict else []
+        statuses = _statuses(status)
+        if conflict:
+            # Calls in conflict are settled: with a status filter too, nothing can match both.
+            if status is not None:
+                return ToolExecutionList(items=[], next_cursor=None)
+            statuses = []
         try:
             page = await ledger.list_unresolved(
                 operator.tenant,

@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.outcomes import outcome_from_record, owner_token
 from activities.tools import record_outcome, send_once
-from ledger import CallIdentity, Ledger, LedgerUnavailableError, Status, ToolExecutionRecord
+from ledger import CallIdentity, EventSource, Ledger, LedgerUnavailableError, Status, ToolExecutionRecord
 from onceflow.agents import AgentRegistry
 from onceflow.constants import ACTIVITY_MARGIN, ERR_LEDGER_UNAVAILABLE, ERR_NO_COMPENSATION
 from onceflow.payloads import CompensationInput, CompensationPlan, ToolOutcome
@@ -106,11 +106,14 @@ class CompensationActivities:
         """If the compensation took effect, the original becomes `compensated`. Returns the original."""
         done = await self.ledger.get(compensation_key(request.key), with_events=False, tenant=request.tenant)
         if done.status is Status.COMPLETED:
+            # The actor is the operator who asked the API for it; the source says it was
+            # recorded by the compensation workflow, not by the API's own request.
             record = await self.ledger.mark_compensated(
                 request.key,
                 actor=request.actor,
                 reason=request.reason,
                 evidence={"compensation_key": done.key, "result": done.result},
+                source=EventSource.COMPENSATION,
             )
         else:
             record = await self.ledger.get(request.key, with_events=False, tenant=request.tenant)

@@ -9,11 +9,13 @@ from activities.outcomes import outcome_from_record
 from activities.tools import record_outcome
 from ledger import (
     AlreadySettledError,
+    EventSource,
     InvalidTransitionError,
     Ledger,
     ReasonRequiredError,
     RecordNotFoundError,
     Status,
+    unauthenticated_actor,
 )
 from onceflow.payloads import (
     CallRef,
@@ -47,6 +49,7 @@ class LedgerActivities:
                 ref.key,
                 actor="inspector",
                 reason="the activity running this call timed out or its worker died",
+                source=EventSource.INSPECTOR,
             )
         return outcome_from_record(record)
 
@@ -60,19 +63,25 @@ class LedgerActivities:
 
         A resolve that lost to an earlier decision is not an error for the run (the ledger's answer
         stands and the run acts on it), but it is reported back as `refused`, naming the winner.
+        Nobody authenticated the signal's actor: it is recorded as `signal:<name>` (or `update:`),
+        with the name as typed kept in the event's detail.
         """
         signal = request.signal
+        source = EventSource(request.source)
+        actor = unauthenticated_actor(source, signal.actor)
         refused = None
         try:
             if signal.status is not None:
                 await self.ledger.settle(
                     signal.key,
                     status=Status(signal.status),
-                    actor=signal.actor,
+                    actor=actor,
                     reason=signal.reason or "",
                     evidence=signal.evidence,
                     result=signal.result,
                     tenant=request.tenant,
+                    source=source,
+                    detail={"claimed_actor": signal.actor} if signal.actor != actor else None,
                 )
             record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
         except ReasonRequiredError as exc:
@@ -81,7 +90,7 @@ class LedgerActivities:
             raise ApplicationError(str(exc), type="RecordNotFound", non_retryable=True) from exc
         except InvalidTransitionError as exc:
             activity.logger.info("resolve of %s lost the race: %s", signal.key, exc)
-            refused = f"resolve by {signal.actor} refused: {exc}"
+            refused = f"resolve by {actor} refused: {exc}"
             record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
         return SettleResult(outcome=outcome_from_record(record), refused=refused)
 
@@ -90,7 +99,11 @@ class LedgerActivities:
         """The approval deadline passed: deny the call, unless an operator decided first."""
         try:
             record = await self.ledger.deny(
-                request.key, actor=APPROVAL_DEADLINE_ACTOR, reason=request.reason, tenant=request.tenant
+                request.key,
+                actor=APPROVAL_DEADLINE_ACTOR,
+                reason=request.reason,
+                tenant=request.tenant,
+                source=EventSource.DEADLINE,
             )
         except AlreadySettledError as exc:
             activity.logger.info("approval deadline of %s came after a decision: %s", request.key, exc)
@@ -101,6 +114,10 @@ class LedgerActivities:
     async def escalate_call(self, request: EscalateInput) -> ToolOutcome:
         """Name the owner who must look at an unknown call; its outcome stays as it is."""
         record = await self.ledger.escalate(
-            request.key, owner=request.owner, actor="reconciler", reason=request.reason
+            request.key,
+            owner=request.owner,
+            actor="reconciler",
+            reason=request.reason,
+            source=EventSource.RECONCILER,
         )
         return outcome_from_record(record)

@@ -6,8 +6,9 @@ import asyncio
 
 from temporalio import activity
 
+from activities.conflicts import tell_run_of_conflict
 from activities.outcomes import outcome_from_record
-from ledger import InvalidTransitionError, Ledger, Status
+from ledger import EventSource, InvalidTransitionError, Ledger, Status
 from onceflow.agents import AgentRegistry
 from onceflow.payloads import ReconcileInput, ToolOutcome
 from onceflow.tools import OutcomeStatus, ToolContext
@@ -52,6 +53,7 @@ class ReconcileActivities:
                     evidence=found.evidence or None,
                     result=found.value,
                     result_reference=found.result_reference,
+                    source=EventSource.RECONCILER,
                 )
             else:
                 record = await self.ledger.settle(
@@ -60,14 +62,18 @@ class ReconcileActivities:
                     actor=RECONCILER,
                     reason=f"reconcile hook of {tool.name} proved the effect absent",
                     evidence=found.evidence or None,
+                    source=EventSource.RECONCILER,
                 )
         except InvalidTransitionError:
-            # An operator (or another reconciler) got there first; theirs stands, ours is noted.
-            await self.ledger.record_late_outcome(
+            # An operator (or another reconciler) got there first; theirs stands, ours is noted,
+            # and if ours contradicts theirs the call is flagged as a conflict.
+            record = await self.ledger.record_late_outcome(
                 record.key,
                 actor=RECONCILER,
                 status=Status(found.status.value),
                 evidence=found.evidence or None,
+                source=EventSource.RECONCILER,
             )
-            record = await self.ledger.get(record.key, with_events=False)
+            if record.has_conflict:
+                await tell_run_of_conflict(record)
         return outcome_from_record(record)

@@ -10,9 +10,11 @@ from typing import Any, Literal
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.conflicts import tell_run_of_conflict
 from activities.outcomes import outcome_from_record, owner_token
 from ledger import (
     CallIdentity,
+    EventSource,
     FailureKind,
     Ledger,
     LedgerUnavailableError,
@@ -73,11 +75,17 @@ async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
             )
         else:
             record = await ledger.mark_indeterminate(
-                outcome.key, actor=outcome.owner, reason=outcome.error or "outcome unknown"
+                outcome.key,
+                actor=outcome.owner,
+                reason=outcome.error or "outcome unknown",
+                source=EventSource.OWNER,
             )
     except OutcomeIgnoredError:
-        # Someone settled the call before our answer arrived; the ledger keeps theirs.
+        # Someone settled the call before our answer arrived; the ledger keeps theirs. If ours
+        # contradicts it, the ledger flagged a conflict, and the run's search attributes say so.
         record = await ledger.get(outcome.key, with_events=False)
+        if record.has_conflict:
+            await tell_run_of_conflict(record)
     return outcome_from_record(record)
 
 

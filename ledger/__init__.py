@@ -3,27 +3,42 @@
 from ledger.canonical import CanonicalPayload, canonical_payload
 from ledger.errors import (
     AlreadySettledError,
+    ConflictNotOpenError,
     InvalidTransitionError,
     LedgerError,
     LedgerUnavailableError,
     OutcomeIgnoredError,
     PayloadMismatchError,
+    ProvenanceError,
     ReasonRequiredError,
     RecordNotFoundError,
     TenantMismatchError,
 )
 from ledger.migrate import migrate
 from ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
-from ledger.status import SETTLED, UNRESOLVED, FailureKind, SideEffect, Status
+from ledger.retention import PurgeReport, purge_settled
+from ledger.status import (
+    OPERATOR_PREFIX,
+    SETTLED,
+    UNRESOLVED,
+    EventSource,
+    FailureKind,
+    SideEffect,
+    Status,
+    unauthenticated_actor,
+)
 from ledger.store import CallIdentity, Ledger, UnresolvedPage
 from ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError
 
 __all__ = [
+    "OPERATOR_PREFIX",
     "SETTLED",
     "UNRESOLVED",
     "AlreadySettledError",
     "CallIdentity",
     "CanonicalPayload",
+    "ConflictNotOpenError",
+    "EventSource",
     "FailureKind",
     "InvalidTransitionError",
     "Ledger",
@@ -33,6 +48,8 @@ __all__ = [
     "OperatorTokens",
     "OutcomeIgnoredError",
     "PayloadMismatchError",
+    "ProvenanceError",
+    "PurgeReport",
     "ReasonRequiredError",
     "RecordNotFoundError",
     "Reservation",
@@ -46,4 +63,6 @@ __all__ = [
     "UnresolvedPage",
     "canonical_payload",
     "migrate",
+    "purge_settled",
+    "unauthenticated_actor",
 ]

@@ -10,9 +10,9 @@ import asyncpg
 from opentelemetry import context, trace
 
 from ledger import queries
-from ledger.errors import LedgerUnavailableError, ReasonRequiredError, RecordNotFoundError
+from ledger.errors import LedgerUnavailableError, ProvenanceError, ReasonRequiredError, RecordNotFoundError
 from ledger.records import ToolExecutionRecord
-from ledger.status import Status
+from ledger.status import OPERATOR_PREFIX, EventSource, Status
 
 tracer = trace.get_tracer("onceflow.ledger")
 _E = TypeVar("_E", bound=BaseException | None)
@@ -40,6 +40,17 @@ def require_text(value: str | None, action: str) -> str:
     if value is None or not value.strip():
         raise ReasonRequiredError(action)
     return value.strip()
+
+
+# Doors that act for an authenticated operator: the API itself, and the compensation workflow the
+# API starts for one (its input names the operator who asked).
+_OPERATOR_DOORS = frozenset({EventSource.API, EventSource.COMPENSATION})
+
+
+def check_provenance(actor: str, source: EventSource) -> None:
+    """Only the operator API (and the compensation it starts) may write an `operator:` actor."""
+    if actor.startswith(OPERATOR_PREFIX) and source not in _OPERATOR_DOORS:
+        raise ProvenanceError(actor, source.value)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -145,12 +156,14 @@ class LedgerBase:
         *,
         actor: str,
         kind: str,
+        source: EventSource,
         from_status: Status | str | None = None,
         to_status: Status | str | None = None,
         reason: str | None = None,
         evidence: Any = None,
         detail: Any = None,
     ) -> None:
+        check_provenance(actor, source)
         await conn.execute(
             queries.INSERT_EVENT,
             key,
@@ -161,11 +174,14 @@ class LedgerBase:
             reason,
             to_json(evidence),
             to_json(detail),
+            source.value,
         )
 
-    async def append_event(self, key: str, *, actor: str, kind: str, **fields: Any) -> None:
+    async def append_event(
+        self, key: str, *, actor: str, kind: str, source: EventSource, **fields: Any
+    ) -> None:
         async with self.connection("append_event", key=key) as conn:
             try:
-                await self.insert_event(conn, key, actor=actor, kind=kind, **fields)
+                await self.insert_event(conn, key, actor=actor, kind=kind, source=source, **fields)
             except asyncpg.ForeignKeyViolationError as exc:
                 raise RecordNotFoundError(key) from exc

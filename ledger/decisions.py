@@ -12,13 +12,28 @@ from typing import Any
 import asyncpg
 
 from ledger import queries
-from ledger.base import LedgerBase, require_text, to_json
+from ledger.base import require_text, to_json
+from ledger.conflicts import ConflictFlags, contradicts, same_report
 from ledger.errors import AlreadySettledError, InvalidTransitionError, RecordNotFoundError
 from ledger.records import ToolExecutionRecord, to_record
-from ledger.status import FailureKind, Status
+from ledger.status import EventSource, FailureKind, Status
 
 
-class OperatorDecisions(LedgerBase):
+def _same_settlement(
+    row: asyncpg.Record, *, status: Status, actor: str, reason: str, evidence: Any, result: Any
+) -> bool:
+    """Is `row` exactly what this settle would have written? Then it is our own, retried."""
+    record = to_record(row)
+    return (
+        record.status is status
+        and record.settled_by == actor
+        and record.reason == reason
+        and record.evidence == evidence
+        and (status is not Status.COMPLETED or record.result == result)
+    )
+
+
+class OperatorDecisions(ConflictFlags):
     async def _locked(self, conn: asyncpg.Connection, key: str, tenant: str | None) -> asyncpg.Record:
         row = await conn.fetchrow(queries.SELECT_FOR_DECISION, key)
         if row is None or (tenant is not None and row["tenant"] != tenant):
@@ -46,12 +61,16 @@ class OperatorDecisions(LedgerBase):
         result: Any = None,
         result_reference: str | None = None,
         tenant: str | None = None,
+        source: EventSource = EventSource.API,
+        detail: Any = None,
     ) -> ToolExecutionRecord:
         """Compare-and-set an unknown call to `completed` or `failed`. One caller wins.
 
         Unknown means `indeterminate`, or `started` with its owner's lease run out. The loser gets
         `AlreadySettledError` naming who won and when. `tenant`, when given, scopes the key: another
-        tenant's key is reported as not found.
+        tenant's key is reported as not found. The same settle again (same actor, status, reason,
+        evidence and result: a step retried after its commit was lost) returns the record as it
+        stands, without a second event.
         """
         if status not in (Status.COMPLETED, Status.FAILED):
             raise ValueError(f"a call can be settled completed or failed, not {status!r}")
@@ -62,6 +81,10 @@ class OperatorDecisions(LedgerBase):
             current = Status(row["status"])
             unknown = current is Status.INDETERMINATE or (current is Status.STARTED and row["owner_gone"])
             if not unknown:
+                if _same_settlement(
+                    row, status=status, actor=actor, reason=reason, evidence=evidence, result=result
+                ):
+                    return to_record(row)
                 raise self._refuse(row, f"settle as {status.value}")
             if status is Status.COMPLETED:
                 updated = await conn.fetchrow(
@@ -90,38 +113,89 @@ class OperatorDecisions(LedgerBase):
                 key,
                 actor=actor,
                 kind="settled",
+                source=source,
                 from_status=current,
                 to_status=status,
                 reason=reason,
                 evidence=evidence,
+                detail=detail,
             )
             record = to_record(updated)
             self.annotate(record)
         return record
 
     async def record_late_outcome(
-        self, key: str, *, actor: str, status: Status, evidence: Any = None, detail: Any = None
-    ) -> None:
-        """Append an outcome that arrived after the call was settled. It changes nothing."""
-        await self.append_event(
-            key, actor=actor, kind="late_outcome", to_status=status, evidence=evidence, detail=detail
-        )
+        self,
+        key: str,
+        *,
+        actor: str,
+        status: Status,
+        evidence: Any = None,
+        detail: Any = None,
+        source: EventSource = EventSource.RECONCILER,
+    ) -> ToolExecutionRecord:
+        """A definite outcome (a reconcile hook's) that arrived after someone else settled the call.
+
+        The decision stands. If the outcome agrees, it is appended as a `late_outcome` event; if it
+        contradicts the decision, the call is flagged as a conflict (see ledger.conflicts). The same
+        report again (a retried step) adds nothing. Returns the record as it stands.
+        """
+        async with self.connection("record_late_outcome", key=key) as conn, conn.transaction():
+            row = await conn.fetchrow(queries.SELECT_RECORD_FOR_UPDATE, key)
+            if row is None:
+                raise RecordNotFoundError(key)
+            current = to_record(row)
+            if contradicts(current.status, status):
+                if same_report(current, reported_by=actor, reported=status):
+                    return current
+                return await self.flag_conflict(
+                    conn,
+                    current,
+                    reported_by=actor,
+                    source=source,
+                    reported=status,
+                    evidence=evidence,
+                    outcome={"detail": detail} if detail is not None else None,
+                )
+            await self.insert_event(
+                conn,
+                key,
+                actor=actor,
+                kind="late_outcome",
+                source=source,
+                to_status=status,
+                evidence=evidence,
+                detail=detail,
+            )
+        return current
 
     async def approve(
-        self, key: str, *, actor: str, reason: str | None = None, tenant: str | None = None
+        self,
+        key: str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        tenant: str | None = None,
+        source: EventSource = EventSource.API,
     ) -> ToolExecutionRecord:
-        """Record an approval on an `awaiting_approval` call. The run then dispatches it, once."""
+        """Record an approval on an `awaiting_approval` call. The run then dispatches it, once.
+
+        Approving again as the same actor (a retried request) returns the record without an event.
+        """
         actor = require_text(actor, "approving a call (actor)")
         async with self.connection("approve", key=key) as conn, conn.transaction():
             row = await self._locked(conn, key, tenant)
             updated = await conn.fetchrow(queries.APPROVE, key, actor)
             if updated is None:
+                if row["approved_by"] == actor and row["approved_at"] is not None:
+                    return to_record(row)
                 raise self._refuse(row, "approve")
             await self.insert_event(
                 conn,
                 key,
                 actor=actor,
                 kind="approved",
+                source=source,
                 from_status=Status.AWAITING_APPROVAL,
                 reason=reason.strip() if reason and reason.strip() else None,
                 detail={"payload_sha256": row["payload_sha256"]},
@@ -129,28 +203,48 @@ class OperatorDecisions(LedgerBase):
         return to_record(updated)
 
     async def deny(
-        self, key: str, *, actor: str, reason: str, tenant: str | None = None
+        self,
+        key: str,
+        *,
+        actor: str,
+        reason: str,
+        tenant: str | None = None,
+        source: EventSource = EventSource.API,
     ) -> ToolExecutionRecord:
-        """Deny an `awaiting_approval` call: `denied` is final, and nothing is ever sent."""
+        """Deny an `awaiting_approval` call: `denied` is final, and nothing is ever sent.
+
+        The same denial again (same actor and reason: a retried request) returns the record.
+        """
         reason = require_text(reason, "denying a call")
         actor = require_text(actor, "denying a call (actor)")
         async with self.connection("deny", key=key) as conn, conn.transaction():
             row = await self._locked(conn, key, tenant)
             updated = await conn.fetchrow(queries.DENY, key, actor, reason)
             if updated is None:
+                if row["status"] == Status.DENIED and (row["settled_by"], row["reason"]) == (actor, reason):
+                    return to_record(row)
                 raise self._refuse(row, "deny")
             await self.insert_event(
                 conn,
                 key,
                 actor=actor,
                 kind="denied",
+                source=source,
                 from_status=Status.AWAITING_APPROVAL,
                 to_status=Status.DENIED,
                 reason=reason,
             )
         return to_record(updated)
 
-    async def escalate(self, key: str, *, owner: str, actor: str, reason: str) -> ToolExecutionRecord:
+    async def escalate(
+        self,
+        key: str,
+        *,
+        owner: str,
+        actor: str,
+        reason: str,
+        source: EventSource = EventSource.RECONCILER,
+    ) -> ToolExecutionRecord:
         """Name who must look at a call. The outcome is not touched; escalating twice is a no-op."""
         owner = require_text(owner, "escalating a call (owner)")
         async with self.connection("escalate", key=key) as conn, conn.transaction():
@@ -159,12 +253,24 @@ class OperatorDecisions(LedgerBase):
             if updated is None:
                 return to_record(row)
             await self.insert_event(
-                conn, key, actor=actor, kind="escalated", reason=reason, detail={"owner": owner}
+                conn,
+                key,
+                actor=actor,
+                kind="escalated",
+                source=source,
+                reason=reason,
+                detail={"owner": owner},
             )
         return to_record(updated)
 
     async def mark_compensated(
-        self, key: str, *, actor: str, reason: str, evidence: Any = None
+        self,
+        key: str,
+        *,
+        actor: str,
+        reason: str,
+        evidence: Any = None,
+        source: EventSource = EventSource.COMPENSATION,
     ) -> ToolExecutionRecord:
         """A completed call whose compensation took effect becomes `compensated`."""
         reason = require_text(reason, "marking a call compensated")
@@ -180,6 +286,7 @@ class OperatorDecisions(LedgerBase):
                 key,
                 actor=actor,
                 kind="compensated",
+                source=source,
                 from_status=Status.COMPLETED,
                 to_status=Status.COMPENSATED,
                 reason=reason,

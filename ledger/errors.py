@@ -74,3 +74,25 @@ class OutcomeIgnoredError(InvalidTransitionError):
 class ReasonRequiredError(LedgerError, ValueError):
     def __init__(self, action: str) -> None:
         super().__init__(f"{action} needs a non-empty reason")
+
+
+class ProvenanceError(LedgerError, ValueError):
+    """An `operator:` actor arriving through a door other than the authenticated operator API."""
+
+    def __init__(self, actor: str, source: str) -> None:
+        super().__init__(
+            f"actor {actor!r} names an operator, but only the operator API may act as one "
+            f"(this came from {source})"
+        )
+        self.actor = actor
+        self.source = source
+
+
+class ConflictNotOpenError(LedgerError):
+    """An acknowledgement for a call that has no open conflict."""
+
+    def __init__(self, key: str, cleared_by: str | None = None) -> None:
+        detail = f"already acknowledged by {cleared_by}" if cleared_by else "none was flagged"
+        super().__init__(f"{key!r} has no open conflict ({detail})")
+        self.key = key
+        self.cleared_by = cleared_by

@@ -17,13 +17,17 @@ WITH reserved AS (
             result = NULL, result_reference = NULL, failure_kind = NULL, error = NULL,
             settled_at = NULL, settled_by = NULL, reason = NULL, evidence = NULL,
             approved_by = NULL, approved_at = NULL, escalated_to = NULL, escalated_at = NULL,
+            conflict_at = NULL, conflict_detail = NULL,
+            conflict_cleared_at = NULL, conflict_cleared_by = NULL,
             updated_at = clock_timestamp()
         WHERE t.status = 'failed' AND t.payload_sha256 = EXCLUDED.payload_sha256
           AND t.tenant = EXCLUDED.tenant
+          -- A failed call whose owner says it completed is never sent again until an operator acted.
+          AND (t.conflict_at IS NULL OR t.conflict_cleared_at IS NOT NULL)
     RETURNING t.*, (xmax = 0) AS inserted
 ), logged AS (
-    INSERT INTO tool_execution_events (key, actor, kind, from_status, to_status, detail)
-    SELECT key, owner, 'reserved', CASE WHEN inserted THEN NULL ELSE 'failed' END, status,
+    INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, detail)
+    SELECT key, owner, 'reserved', 'owner', CASE WHEN inserted THEN NULL ELSE 'failed' END, status,
            jsonb_build_object('attempt', attempt)
     FROM reserved
 )
@@ -38,8 +42,8 @@ SELECT_EVENTS = "SELECT * FROM tool_execution_events WHERE key = $1 ORDER BY id"
 
 INSERT_EVENT = """
 INSERT INTO tool_execution_events
-    (key, actor, kind, from_status, to_status, reason, evidence, detail)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb)
+    (key, actor, kind, from_status, to_status, reason, evidence, detail, source)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9)
 """
 
 # The hot path: the owner of a started call records its result. One statement, event included.
@@ -51,8 +55,8 @@ WITH done AS (
      WHERE key = $1 AND owner = $2 AND status = 'started'
     RETURNING *
 ), logged AS (
-    INSERT INTO tool_execution_events (key, actor, kind, from_status, to_status)
-    SELECT key, owner, 'completed', 'started', 'completed' FROM done
+    INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status)
+    SELECT key, owner, 'completed', 'owner', 'started', 'completed' FROM done
 )
 SELECT * FROM done
 """
@@ -65,8 +69,8 @@ WITH done AS (
      WHERE key = $1 AND owner = $2 AND status = 'started'
     RETURNING *
 ), logged AS (
-    INSERT INTO tool_execution_events (key, actor, kind, from_status, to_status, reason)
-    SELECT key, owner, 'failed', 'started', 'failed', failure_kind || ': ' || error FROM done
+    INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, reason)
+    SELECT key, owner, 'failed', 'owner', 'started', 'failed', failure_kind || ': ' || error FROM done
 )
 SELECT * FROM done
 """
@@ -97,20 +101,35 @@ UPDATE tool_executions
 RETURNING *
 """
 
-# The operator's queue: unknown calls, calls awaiting approval, and started calls whose owner's lease
-# ran out. The literal status list matches the partial index's predicate.
+# The operator's queue: unknown calls, calls awaiting approval, started calls whose owner's lease
+# ran out ($2: the statuses wanted, possibly none), and calls with an open conflict ($9). Each half
+# repeats its partial index's predicate literally, so each is served by its own index; the halves
+# are disjoint (a conflict is only ever flagged on a settled call).
 LIST_UNRESOLVED = """
-SELECT * FROM tool_executions
- WHERE tenant = $1
-   AND status IN ('started', 'indeterminate', 'awaiting_approval')
-   AND status = ANY($2::text[])
-   AND (status <> 'started' OR coalesce(lease_expires_at < clock_timestamp(), false))
-   AND ($3::text IS NULL OR tool_name = $3)
-   AND ($4::text IS NULL OR agent = $4)
-   AND ($5::boolean IS NULL OR (escalated_at IS NOT NULL) = $5)
-   AND ($6::timestamptz IS NULL OR (created_at, key) > ($6::timestamptz, $7::text))
- ORDER BY created_at, key
- LIMIT $8
+(SELECT * FROM tool_executions
+  WHERE tenant = $1
+    AND status IN ('started', 'indeterminate', 'awaiting_approval')
+    AND status = ANY($2::text[])
+    AND (status <> 'started' OR coalesce(lease_expires_at < clock_timestamp(), false))
+    AND ($3::text IS NULL OR tool_name = $3)
+    AND ($4::text IS NULL OR agent = $4)
+    AND ($5::boolean IS NULL OR (escalated_at IS NOT NULL) = $5)
+    AND ($6::timestamptz IS NULL OR (created_at, key) > ($6::timestamptz, $7::text))
+  ORDER BY created_at, key
+  LIMIT $8)
+UNION ALL
+(SELECT * FROM tool_executions
+  WHERE $9::boolean
+    AND tenant = $1
+    AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL
+    AND ($3::text IS NULL OR tool_name = $3)
+    AND ($4::text IS NULL OR agent = $4)
+    AND ($5::boolean IS NULL OR (escalated_at IS NOT NULL) = $5)
+    AND ($6::timestamptz IS NULL OR (created_at, key) > ($6::timestamptz, $7::text))
+  ORDER BY created_at, key
+  LIMIT $8)
+ORDER BY created_at, key
+LIMIT $8
 """
 
 # -- operator decisions ---------------------------------------------------------------------------
@@ -146,8 +165,8 @@ WITH claimed AS (
        AND payload_sha256 = $3
     RETURNING *
 ), logged AS (
-    INSERT INTO tool_execution_events (key, actor, kind, from_status, to_status, detail)
-    SELECT key, owner, 'dispatched', 'awaiting_approval', 'started',
+    INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, detail)
+    SELECT key, owner, 'dispatched', 'owner', 'awaiting_approval', 'started',
            jsonb_build_object('approved_by', approved_by)
     FROM claimed
 )
@@ -167,6 +186,79 @@ UPDATE tool_executions
  WHERE key = $1 AND status = 'completed'
 RETURNING *
 """
+
+# -- conflicts ------------------------------------------------------------------------------------
+
+# Did `$2` ever own this call (reserve it or dispatch it)? Its late outcome is then evidence.
+WAS_OWNER = """
+SELECT EXISTS (
+    SELECT 1 FROM tool_execution_events
+     WHERE key = $1 AND actor = $2 AND kind IN ('reserved', 'dispatched')
+)
+"""
+
+# Flag a settled call as contradicted. The status is not touched: the decision stands.
+FLAG_CONFLICT = """
+UPDATE tool_executions
+   SET conflict_at = clock_timestamp(), conflict_detail = $2::jsonb,
+       conflict_cleared_at = NULL, conflict_cleared_by = NULL, updated_at = clock_timestamp()
+ WHERE key = $1 AND status IN ('completed', 'failed', 'denied', 'compensated')
+RETURNING *
+"""
+
+ACKNOWLEDGE_CONFLICT = """
+UPDATE tool_executions
+   SET conflict_cleared_at = clock_timestamp(), conflict_cleared_by = $2, updated_at = clock_timestamp()
+ WHERE key = $1 AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL
+RETURNING *
+"""
+
+# -- retention --------------------------------------------------------------------------------------
+
+# Keys a purge may take: every call of the run is purgeable (settled, untouched since the cutoff, no
+# open conflict, no event since the cutoff), so a run's keys go together or not at all.
+PURGE_CANDIDATES = """
+WITH calls AS (
+    SELECT t.key, t.run_id,
+           onceflow_purgeable(t, $1::timestamptz)
+           AND NOT EXISTS (SELECT 1 FROM tool_execution_events e WHERE e.key = t.key AND e.at >= $1)
+           AS purgeable
+      FROM tool_executions t
+), runs AS (
+    SELECT run_id FROM calls GROUP BY run_id HAVING bool_and(purgeable)
+)
+SELECT calls.key FROM calls JOIN runs USING (run_id) ORDER BY calls.key
+"""
+
+SET_PURGE_CUTOFF = "SELECT set_config('onceflow.purge_before', $1::timestamptz::text, true)"
+
+# Inside a purge's transaction: lock the batch, and keep only what is still purgeable now.
+LOCK_PURGEABLE = """
+SELECT t.key FROM tool_executions t
+ WHERE t.key = ANY($1::text[])
+   AND onceflow_purgeable(t, $2::timestamptz)
+   AND NOT EXISTS (SELECT 1 FROM tool_execution_events e WHERE e.key = t.key AND e.at >= $2)
+ ORDER BY t.key
+   FOR UPDATE OF t
+"""
+
+ARCHIVE_EVENTS = """
+INSERT INTO tool_execution_events_archive (id, key, event)
+SELECT id, key, to_jsonb(e) FROM tool_execution_events e WHERE key = ANY($1::text[])
+ON CONFLICT (id) DO NOTHING
+"""
+
+ARCHIVE_EXECUTIONS = """
+INSERT INTO tool_executions_archive (key, tenant, run_id, settled_at, record)
+SELECT key, tenant, run_id, settled_at, to_jsonb(t) FROM tool_executions t WHERE key = ANY($1::text[])
+ON CONFLICT (key) DO NOTHING
+"""
+
+DELETE_EVENTS = "DELETE FROM tool_execution_events WHERE key = ANY($1::text[])"
+
+DELETE_EXECUTIONS = "DELETE FROM tool_executions WHERE key = ANY($1::text[])"
+
+COUNT_EVENTS = "SELECT count(*) FROM tool_execution_events WHERE key = ANY($1::text[])"
 
 # -- operator tokens ------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
-from ledger.status import FailureKind, SideEffect, Status
+from ledger.status import EventSource, FailureKind, SideEffect, Status
 
 
 class ToolExecutionEvent(BaseModel):
@@ -23,6 +23,7 @@ class ToolExecutionEvent(BaseModel):
     at: datetime
     actor: str
     kind: str
+    source: EventSource = EventSource.UNRECORDED
     from_status: Status | None = None
     to_status: Status | None = None
     reason: str | None = None
@@ -62,7 +63,17 @@ class ToolExecutionRecord(BaseModel):
     approved_at: datetime | None = None
     escalated_to: str | None = None
     escalated_at: datetime | None = None
+    # A late definite outcome contradicted the decision; the decision stands (see ledger.conflicts).
+    conflict_at: datetime | None = None
+    conflict_detail: Any = None
+    conflict_cleared_at: datetime | None = None
+    conflict_cleared_by: str | None = None
     events: list[ToolExecutionEvent] = []
+
+    @property
+    def has_conflict(self) -> bool:
+        """An open conflict: flagged and not yet acknowledged by an operator."""
+        return self.conflict_at is not None and self.conflict_cleared_at is None
 
 
 class Reservation(StrEnum):
@@ -98,7 +109,7 @@ def row_to_dict(row: asyncpg.Record) -> dict[str, Any]:
     return data
 
 
-_RECORD_JSON_COLUMNS = ("payload", "result", "evidence")
+_RECORD_JSON_COLUMNS = ("payload", "result", "evidence", "conflict_detail")
 
 
 def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = None) -> ToolExecutionRecord:

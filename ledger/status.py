@@ -44,3 +44,41 @@ class FailureKind(StrEnum):
     REJECTED = "rejected"  # the other system answered no
     NOT_APPLIED = "not_applied"  # settled after the fact: a reconcile hook or operator found no effect
     DENIED = "denied"  # an operator denied approval
+
+
+class EventSource(StrEnum):
+    """Where an event came from: which door the decision walked through.
+
+    Only `api` events are made by an authenticated operator (actor `operator:<name>`); a name typed
+    into a signal is recorded as `signal:<name>`, so it can never pass for one.
+    """
+
+    OWNER = "owner"  # the attempt that reserved the call (fencing token)
+    INSPECTOR = "inspector"  # the ledger step that looks at a call whose activity was lost
+    SIGNAL = "signal"  # a `resolve` signal sent to the run (the Temporal CLI, any client)
+    UPDATE = "update"  # a `resolve` Workflow Update
+    API = "api"  # the operator HTTP API, behind a bearer token
+    RECONCILER = "reconciler"  # a tool's reconcile hook, or its escalation
+    DEADLINE = "deadline"  # a deadline ran out (approval)
+    COMPENSATION = "compensation"  # the compensation workflow an operator asked for
+    UNRECORDED = "unrecorded"  # events written before sources were recorded
+
+
+# The actor prefix only the operator API may write.
+OPERATOR_PREFIX = "operator:"
+
+
+_DOORS = (OPERATOR_PREFIX, "signal:", "update:")
+
+
+def unauthenticated_actor(source: EventSource, claimed: str) -> str:
+    """The actor recorded for a name nobody authenticated: `signal:alice`, never `operator:alice`.
+
+    Whatever door prefix the sender typed is dropped, and the door it really came through is put in
+    front; "operator:alice" sent in a signal is recorded as `signal:alice`.
+    """
+    name = claimed.strip()
+    for prefix in _DOORS:
+        name = name.removeprefix(prefix)
+    name = name.strip()
+    return source.value if not name or name == source.value else f"{source.value}:{name}"

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from ledger import queries
 from ledger.base import to_json
 from ledger.canonical import canonical_payload
+from ledger.conflicts import contradicts, same_report
 from ledger.decisions import OperatorDecisions
 from ledger.errors import (
     LedgerUnavailableError,
@@ -28,7 +29,7 @@ from ledger.records import (
     to_event,
     to_record,
 )
-from ledger.status import UNRESOLVED, FailureKind, SideEffect, Status
+from ledger.status import UNRESOLVED, EventSource, FailureKind, SideEffect, Status
 from onceflow.keys import call_key
 
 _RESERVE_ROUNDS = 3
@@ -39,6 +40,23 @@ _EXISTING_OUTCOME = {
     Status.INDETERMINATE: Reservation.IN_FLIGHT,
     Status.AWAITING_APPROVAL: Reservation.AWAITING_APPROVAL,
 }
+
+
+def _already_recorded(
+    record: ToolExecutionRecord,
+    owner: str,
+    to: Status,
+    result: Any,
+    result_reference: str | None,
+    failure_kind: FailureKind | None,
+    error: str | None,
+) -> bool:
+    """Does the row hold exactly this owner's report? Then the report is its own, repeated."""
+    if record.settled_by != owner or record.status is not to:
+        return False
+    if to is Status.COMPLETED:
+        return (record.result, record.result_reference) == (result, result_reference)
+    return (record.failure_kind, record.error) == (failure_kind, error)
 
 
 class CallIdentity(BaseModel):
@@ -146,7 +164,8 @@ class Ledger(OperatorDecisions):
                     record = to_record(claimed)
                     self.annotate(record, Reservation.NEW)
                     return ReserveResult(outcome=Reservation.NEW, record=record)
-                if record.status is not Status.FAILED:
+                # A failed call in open conflict (its owner says it took effect) is not re-sent.
+                if record.status is not Status.FAILED or record.has_conflict:
                     outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
                     self.annotate(record, outcome)
                     return ReserveResult(outcome=outcome, record=record)
@@ -158,6 +177,7 @@ class Ledger(OperatorDecisions):
             call.key,
             actor=owner,
             kind="payload_mismatch_refused",
+            source=EventSource.OWNER,
             detail={"offered_sha256": payload.sha256, "offered": payload.value},
         )
         raise PayloadMismatchError(call.key, record.payload_sha256, payload.sha256)
@@ -207,72 +227,47 @@ class Ledger(OperatorDecisions):
     ) -> ToolExecutionRecord:
         """The slow path: the row is not `started` by this owner any more.
 
-        A definite outcome from the owner settles an `indeterminate` call (the answer arrived late
-        but it is the truth). Every other outcome is appended as an event and ignored.
+        - Already exactly what this owner's report would make it: our own write, whose commit
+          answer was lost and which a retry repeats. It is returned as it stands, with no event.
+        - `indeterminate` and ours: the answer arrived late but it is the truth; it settles the call.
+        - Settled by someone else, reported by an attempt that owned the call, and contradicting the
+          decision: flagged as a conflict (ledger.conflicts); the decision stands.
+        - Anything else (not an owner, or a report that agrees): appended as an event and ignored.
         """
+        reported = {"result": result, "error": error, "failure_kind": failure_kind}
         async with self.connection("late_outcome", key=key) as conn, conn.transaction():
             row = await conn.fetchrow(queries.SELECT_RECORD_FOR_UPDATE, key)
             if row is None:
                 raise RecordNotFoundError(key)
             current = to_record(row)
+            if _already_recorded(current, owner, to, result, result_reference, failure_kind, error):
+                return current
             if current.owner == owner and current.status is Status.INDETERMINATE:
-                reason = "late outcome from the call's owner"
-                if to is Status.COMPLETED:
-                    updated = await conn.fetchrow(
-                        queries.SET_COMPLETED,
-                        key,
-                        current.status.value,
-                        to_json(result),
-                        result_reference,
-                        owner,
-                        reason,
-                        None,
+                return await self._apply_late(conn, current, owner, to, reported, result_reference)
+            was_owner = current.owner == owner or await conn.fetchval(queries.WAS_OWNER, key, owner)
+            if was_owner and contradicts(current.status, to):
+                if not same_report(current, reported_by=owner, reported=to):
+                    current = await self.flag_conflict(
+                        conn,
+                        current,
+                        reported_by=owner,
+                        source=EventSource.OWNER,
+                        reported=to,
+                        outcome={**reported, "result_reference": result_reference},
                     )
-                else:
-                    assert failure_kind is not None
-                    updated = await conn.fetchrow(
-                        queries.SET_FAILED,
-                        key,
-                        current.status.value,
-                        failure_kind.value,
-                        error,
-                        owner,
-                        reason,
-                        None,
-                    )
-                await conn.execute(
-                    queries.INSERT_EVENT,
+                why = f"contradicts the decision ({current.status} by {current.settled_by}): conflict"
+            else:
+                why = "not the owner" if not was_owner else f"call is {current.status}"
+                await self.insert_event(
+                    conn,
                     key,
-                    owner,
-                    f"late_{to.value}",
-                    current.status.value,
-                    to.value,
-                    reason,
-                    None,
-                    None,
+                    actor=owner,
+                    kind="outcome_ignored",
+                    source=EventSource.OWNER,
+                    from_status=current.status,
+                    reason=why,
+                    detail={"reported": to.value, **reported},
                 )
-                record = to_record(updated)
-                self.annotate(record, "late_outcome_applied")
-                return record
-            why = "not the owner" if current.owner != owner else f"call is {current.status}"
-            await conn.execute(
-                queries.INSERT_EVENT,
-                key,
-                owner,
-                "outcome_ignored",
-                current.status.value,
-                None,
-                why,
-                None,
-                to_json(
-                    {
-                        "reported": to.value,
-                        "result": result,
-                        "error": error,
-                        "failure_kind": failure_kind,
-                    }
-                ),
-            )
         raise OutcomeIgnoredError(
             key,
             current.status.value,
@@ -281,7 +276,56 @@ class Ledger(OperatorDecisions):
             settled_at=current.settled_at,
         )
 
-    async def mark_indeterminate(self, key: str, *, actor: str, reason: str) -> ToolExecutionRecord:
+    async def _apply_late(
+        self,
+        conn: Any,
+        current: ToolExecutionRecord,
+        owner: str,
+        to: Status,
+        reported: dict[str, Any],
+        result_reference: str | None,
+    ) -> ToolExecutionRecord:
+        key, reason = current.key, "late outcome from the call's owner"
+        if to is Status.COMPLETED:
+            updated = await conn.fetchrow(
+                queries.SET_COMPLETED,
+                key,
+                current.status.value,
+                to_json(reported["result"]),
+                result_reference,
+                owner,
+                reason,
+                None,
+            )
+        else:
+            assert reported["failure_kind"] is not None
+            updated = await conn.fetchrow(
+                queries.SET_FAILED,
+                key,
+                current.status.value,
+                reported["failure_kind"].value,
+                reported["error"],
+                owner,
+                reason,
+                None,
+            )
+        await self.insert_event(
+            conn,
+            key,
+            actor=owner,
+            kind=f"late_{to.value}",
+            source=EventSource.OWNER,
+            from_status=current.status,
+            to_status=to,
+            reason=reason,
+        )
+        record = to_record(updated)
+        self.annotate(record, "late_outcome_applied")
+        return record
+
+    async def mark_indeterminate(
+        self, key: str, *, actor: str, reason: str, source: EventSource = EventSource.INSPECTOR
+    ) -> ToolExecutionRecord:
         """`started` becomes `indeterminate`: it may have taken effect and nobody knows yet.
 
         Returns the record as it stands afterwards; a call already past `started` is left alone.
@@ -293,16 +337,15 @@ class Ledger(OperatorDecisions):
                 if current is None:
                     raise RecordNotFoundError(key)
                 return to_record(current)
-            await conn.execute(
-                queries.INSERT_EVENT,
+            await self.insert_event(
+                conn,
                 key,
-                actor,
-                "indeterminate",
-                "started",
-                "indeterminate",
-                reason,
-                None,
-                None,
+                actor=actor,
+                kind="indeterminate",
+                source=source,
+                from_status=Status.STARTED,
+                to_status=Status.INDETERMINATE,
+                reason=reason,
             )
             record = to_record(row)
             self.annotate(record)
@@ -334,16 +377,18 @@ class Ledger(OperatorDecisions):
         tool: str | None = None,
         agent: str | None = None,
         escalated: bool | None = None,
+        conflicts: bool = False,
         limit: int = 50,
         cursor: str | None = None,
     ) -> UnresolvedPage:
         """A tenant's calls nobody can yet vouch for, longest waiting first.
 
         `started` calls are listed only once their owner's lease has run out: before that, someone
-        is working on them.
+        is working on them. With `conflicts`, settled calls with an open conflict are listed too;
+        `statuses` may then be empty, to list conflicts alone.
         """
         wanted = [s.value for s in statuses if s in UNRESOLVED]
-        if not wanted or len(wanted) != len(statuses):
+        if len(wanted) != len(statuses) or not (wanted or conflicts):
             raise ValueError(f"only unresolved statuses can be listed: {sorted(UNRESOLVED)}")
         if not 1 <= limit <= 500:
             raise ValueError("limit must be between 1 and 500")
@@ -359,6 +404,7 @@ class Ledger(OperatorDecisions):
                 after_at,
                 after_key,
                 limit + 1,
+                conflicts,
             )
         records = [to_record(r) for r in rows[:limit]]
         next_cursor = None

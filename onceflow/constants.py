@@ -13,7 +13,9 @@ AGENT = SearchAttributeKey.for_keyword("OnceflowAgent")
 UNRESOLVED_KEYS = SearchAttributeKey.for_keyword_list("OnceflowUnresolvedKeys")
 # Who an unknown call was escalated to at its reconcile deadline (on the run and its reconciler).
 ESCALATED_TO = SearchAttributeKey.for_keyword("OnceflowEscalatedTo")
-SEARCH_ATTRIBUTES = (PHASE, TENANT, AGENT, UNRESOLVED_KEYS, ESCALATED_TO)
+# Calls of the run whose late outcome contradicted the decision (open conflicts in the ledger).
+CONFLICT_KEYS = SearchAttributeKey.for_keyword_list("OnceflowConflictKeys")
+SEARCH_ATTRIBUTES = (PHASE, TENANT, AGENT, UNRESOLVED_KEYS, ESCALATED_TO, CONFLICT_KEYS)
 
 # Reads and model calls may be repeated; writes get exactly one attempt.
 READ_RETRY = RetryPolicy(

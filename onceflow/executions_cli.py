@@ -186,9 +186,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Iterator[st
 
 def _row(item: dict[str, Any], now: datetime) -> list[str]:
     created = _when(item["created_at"])
+    conflict = item.get("conflict") or {}
     return [
         item["key"],
-        item["status"],
+        f"{item['status']} (conflict)" if conflict.get("open") else item["status"],
         item["tool"],
         item["agent"] or "-",
         _stamp(item["created_at"]),
@@ -204,6 +205,24 @@ def _compact(value: Any) -> str:
 
 def _who_when(actor: str | None, at: str | None, prefix: str = "by ") -> str | None:
     return f"{prefix}{actor} at {_stamp(at)}" if actor else None
+
+
+def _conflict_fields(conflict: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    if not conflict:
+        return []
+    detail = conflict.get("detail") or {}
+    state = (
+        "OPEN: the decision stands until an operator acknowledges it" if conflict["open"] else "acknowledged"
+    )
+    return [
+        ("conflict", f"{state} (flagged {_stamp(conflict['at'])})"),
+        (
+            "late outcome",
+            f"{detail.get('reported_by')} ({detail.get('source')}) reports {detail.get('reported')}; "
+            f"{detail.get('decided_by')} decided {detail.get('decided')}",
+        ),
+        ("acknowledged", _who_when(conflict.get("acknowledged_by"), conflict.get("acknowledged_at"))),
+    ]
 
 
 def _describe(record: dict[str, Any]) -> Iterator[str]:
@@ -231,6 +250,7 @@ def _describe(record: dict[str, Any]) -> Iterator[str]:
         ("reason", record.get("reason")),
         ("evidence", None if record.get("evidence") is None else _compact(record["evidence"])),
         ("escalated to", _who_when(record.get("escalated_to"), record.get("escalated_at"), prefix="")),
+        *_conflict_fields(record.get("conflict")),
     ]
     shown = [(label, str(value)) for label, value in fields if value not in (None, "")]
     width = max(len(label) for label, _ in shown)
@@ -248,9 +268,19 @@ def _describe(record: dict[str, Any]) -> Iterator[str]:
         for extra in ("evidence", "detail"):
             if event.get(extra) is not None:
                 notes.append(f"{extra}={_compact(event[extra])}")
-        rows.append([_stamp(event["at"]), event["actor"], event["kind"], change, "; ".join(notes)])
+        rows.append(
+            [
+                _stamp(event["at"]),
+                event["actor"],
+                event.get("source") or "-",
+                event["kind"],
+                change,
+                "; ".join(notes),
+            ]
+        )
     if rows:
-        yield from ("  " + line for line in _table(["AT", "ACTOR", "KIND", "CHANGE", "NOTES"], rows))
+        headers = ["AT", "ACTOR", "SOURCE", "KIND", "CHANGE", "NOTES"]
+        yield from ("  " + line for line in _table(headers, rows))
 
 
 def _decided(answer: dict[str, Any], verb: str) -> str:
@@ -277,6 +307,14 @@ def list_executions(
         str | None,
         typer.Option(help="Comma-separated: indeterminate, started, awaiting_approval. Default: all three."),
     ] = None,
+    conflicts: Annotated[
+        bool | None,
+        typer.Option(
+            "--conflicts/--no-conflicts",
+            show_default=False,
+            help="Only calls in conflict / none of them. Default: listed beside the unresolved.",
+        ),
+    ] = None,
     tool: Annotated[str | None, typer.Option(help="Only this tool.")] = None,
     agent: Annotated[str | None, typer.Option(help="Only this agent.")] = None,
     escalated: Annotated[
@@ -290,7 +328,10 @@ def list_executions(
     api: Api = DEFAULT_API,
     token: Token = None,
 ) -> None:
-    """Your tenant's unresolved calls, longest waiting first. The next-page hint goes to stderr."""
+    """Your tenant's unresolved calls and calls in conflict, longest waiting first.
+
+    The next-page hint goes to stderr.
+    """
     client = _Api(api, token)
     params: dict[str, Any] = {"limit": limit}
     for name, value in (("status", status), ("tool", tool), ("agent", agent)):
@@ -298,6 +339,8 @@ def list_executions(
             params[name] = value
     if escalated is not None:
         params["escalated"] = "true" if escalated else "false"
+    if conflicts is not None:
+        params["conflict"] = "true" if conflicts else "false"
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     while True:
@@ -407,3 +450,23 @@ def deny(
     """Deny a call that waits for approval: it is never sent, and the model is told why."""
     answer = _Api(api, token).decide(key, "deny", {"reason": reason})
     typer.echo(json.dumps(answer) if as_json else _decided(answer, "denied"))
+
+
+@executions_app.command("acknowledge-conflict", epilog=EXIT_CODES_HELP)
+def acknowledge_conflict(
+    key: Annotated[str, typer.Argument(help="`<run_id>:<tool_call_id>` of a call in conflict.")],
+    reason: Annotated[str, typer.Option("--reason", help="What you did about it; recorded with your id.")],
+    evidence: Annotated[str | None, typer.Option(help="JSON object: ticket, refund, reference.")] = None,
+    as_json: AsJson = False,
+    api: Api = DEFAULT_API,
+    token: Token = None,
+) -> None:
+    """Close a conflict (a late outcome contradicted the decision). The decision itself stands."""
+    body: dict[str, Any] = {"reason": reason}
+    found = _json_object(evidence, "--evidence")
+    if found is not None:
+        if not isinstance(found, dict):
+            raise typer.BadParameter("must be a JSON object", param_hint="--evidence")
+        body["evidence"] = found
+    answer = _Api(api, token).decide(key, "acknowledge-conflict", body)
+    typer.echo(json.dumps(answer) if as_json else _decided(answer, "conflict acknowledged"))

@@ -223,6 +223,8 @@ class CallRef(_Frozen):
 class SettleInput(_Frozen):
     tenant: str
     signal: ResolveSignal
+    # The door the resolve came through; its actor is recorded as `<source>:<name>`, never `operator:`.
+    source: Literal["signal", "update"] = "signal"
 
 
 class SettleResult(_Frozen):
@@ -297,3 +299,18 @@ class CompensationResult(_Frozen):
 
 
 AgentRunResult.model_rebuild()
+
+
+# -- conflicts ------------------------------------------------------------------------------------
+
+
+class ConflictSignal(_Frozen):
+    """Tells a run that a late outcome contradicted the decision on one of its calls.
+
+    The ledger's flag is the source of truth; this only puts the key in the run's
+    `OnceflowConflictKeys` search attribute so that the Temporal UI can find it.
+    """
+
+    key: str
+    detail: str
+    open: bool = True  # False: an operator acknowledged it, and the key leaves the attribute

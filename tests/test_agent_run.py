@@ -88,7 +88,7 @@ async def test_indeterminate_with_pause_waits_for_a_resolve_signal(harness: Harn
     result = await asyncio.wait_for(handle.result(), 20)
     record = await harness.ledger.get(key)
     assert record.status is Status.COMPLETED
-    assert record.settled_by == "alice"
+    assert record.settled_by == "signal:alice"  # a name in a signal is not an authenticated operator
     assert record.reason == "saw cr_1 in the billing console"
     assert "cr_1" in result.final
     assert DOWNSTREAM.effects == {key: 1}

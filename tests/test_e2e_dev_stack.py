@@ -189,7 +189,7 @@ def test_readme_walkthrough_against_onceflow_dev(dev_stack: dict[str, str]) -> N
     api = env["ONCEFLOW_API"]
     assert httpx.get(f"{api}/v1/tool-executions", headers=headers).json()["items"] == []
     shown = httpx.get(f"{api}/v1/tool-executions/refund-1001:call_1_0", headers=headers).json()
-    assert (shown["status"], shown["settled_by"]) == ("completed", "alice")
+    assert (shown["status"], shown["settled_by"]) == ("completed", "signal:alice")
     assert httpx.get(f"{api}/v1/tool-executions").status_code == 401
 
     # Ctrl-C stops everything `onceflow dev` started.

@@ -282,3 +282,24 @@ async def test_exit_codes_tell_scripts_what_went_wrong(operator_api: OperatorApi
 
     for key in (theirs, mine):
         assert (await ledger.get(key)).status is Status.INDETERMINATE
+
+
+async def test_list_and_show_mark_a_conflict_and_acknowledge_closes_it(operator_api: OperatorApi) -> None:
+    key = await put_call(operator_api.ledger)
+    await operator_api.ledger.settle(key, status=Status.FAILED, actor="operator:alice", reason="not seen")
+    await operator_api.ledger.record_late_outcome(key, actor="reconciler", status=Status.COMPLETED)
+    token = await operator_api.token()
+
+    listed = await cli(operator_api, "list", "--conflicts", token=token)
+    assert listed.code == 0, listed.err
+    assert listed.out.splitlines()[1].split()[:3] == [key, "failed", "(conflict)"]
+    shown = await cli(operator_api, "show", key, token=token)
+    assert "conflict" in shown.out and "OPEN" in shown.out
+    assert "reconciler (reconciler) reports completed; operator:alice decided failed" in shown.out
+    assert "SOURCE" in shown.out and "outcome_conflict" in shown.out
+
+    done = await cli(operator_api, "acknowledge-conflict", key, "--reason", "voided by hand", token=token)
+    assert done.code == 0, done.err
+    assert "conflict acknowledged: now failed" in done.out
+    again = await cli(operator_api, "list", "--conflicts", token=token)
+    assert again.out.strip() == "no unresolved calls"

@@ -308,12 +308,13 @@ def _check_run_acted_on(record: ToolExecutionRecord, result: AgentRunResult, cre
     assert result.turns == 3
     assert result.calls[-1].key == record.key
     assert result.calls[-1].status == record.status.value
-    if record.settled_by == "op-alice":
+    # Resolve signals are recorded as `signal:<name>`; Bob may also settle the ledger directly.
+    if record.settled_by == "signal:op-alice":
         assert record.status is Status.COMPLETED
         assert record.result == credit
         assert credit["credit_id"] in result.final
     else:
-        assert record.settled_by == "op-bob"
+        assert record.settled_by in ("op-bob", "signal:op-bob")
         assert (record.status, record.failure_kind) == (Status.FAILED, FailureKind.NOT_APPLIED)
         assert credit["credit_id"] not in result.final
 
@@ -341,8 +342,9 @@ async def test_two_operators_racing_resolve_signals_one_wins_and_the_run_acts_on
         # Both attempts reached the ledger: the winner's settled the call, the loser's was refused.
         attempts = await _resolve_attempts(harness.client, handle.id)
         assert record.settled_by is not None
-        loser = "op-bob" if record.settled_by == "op-alice" else "op-alice"
-        winner = _settle_result(harness.client, attempts[record.settled_by])
+        signalled_by = record.settled_by.removeprefix("signal:")  # the name the signal carried
+        loser = "op-bob" if signalled_by == "op-alice" else "op-alice"
+        winner = _settle_result(harness.client, attempts[signalled_by])
         assert (winner.outcome.status, winner.refused) == (record.status, None)
         _check_loser_refused(harness.client, attempts[loser], record)
         # Whoever lost, nothing was sent again.
@@ -367,10 +369,10 @@ async def test_an_operator_signal_racing_a_direct_settle_one_wins_and_the_run_ac
         result = await asyncio.wait_for(handle.result(), 20)
         record = await harness.ledger.get(key)
         _check_run_acted_on(record, result, credit)
-        if record.settled_by == "op-alice":
+        if record.settled_by == "signal:op-alice":
             # The direct loser hears who won and when.
             assert isinstance(bobs, AlreadySettledError), bobs
-            assert (bobs.settled_by, bobs.settled_at) == ("op-alice", record.settled_at)
+            assert (bobs.settled_by, bobs.settled_at) == ("signal:op-alice", record.settled_at)
         else:
             assert isinstance(bobs, ToolExecutionRecord), bobs
         assert (await billing.effects()).count(key) == 1
@@ -391,7 +393,7 @@ async def test_the_losing_resolve_signal_is_shown_as_refused_naming_the_winner(
     )
     await asyncio.wait_for(handle.result(), 20)
     record = await harness.ledger.get(key)
-    loser = "op-bob" if record.settled_by == "op-alice" else "op-alice"
+    loser = "op-bob" if record.settled_by == "signal:op-alice" else "op-alice"
     refused = (await handle.query(AgentRunWorkflow.status)).last_resolve_error
     assert refused is not None, f"{loser}'s resolve left no trace on the run"
     assert record.settled_by is not None and record.settled_by in refused

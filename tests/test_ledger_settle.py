@@ -210,8 +210,10 @@ async def test_non_owner_outcome_changes_nothing_but_is_recorded(ledger: Ledger)
 
 
 async def test_outcome_after_settling_changes_nothing_but_is_recorded(ledger: Ledger) -> None:
+    # The late outcomes agree with the decision (a contradicting one is a conflict:
+    # tests/test_ledger_conflicts.py).
     key = await indeterminate(ledger, owner="worker-1")
-    await ledger.settle(key, status=Status.FAILED, actor="op-alice", reason="no credit in billing")
+    await ledger.settle(key, status=Status.COMPLETED, actor="op-alice", reason="credit in billing")
     before = await ledger.find(key)
 
     with pytest.raises(OutcomeIgnoredError) as caught:
@@ -397,8 +399,10 @@ async def test_unresolved_list_is_served_by_the_partial_index(database_url: str)
                 at,
                 after_key,
                 51,
+                True,
             )
-            assert "tool_executions_unresolved" in _index_names(json.loads(plan)), plan
+            used = _index_names(json.loads(plan))
+            assert {"tool_executions_unresolved", "tool_executions_open_conflicts"} <= used, plan
     finally:
         await conn.close()
 

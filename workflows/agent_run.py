@@ -2,6 +2,7 @@
 
 Signals: `resolve(ResolveSignal)`: settle an unknown call (compare-and-set in the ledger) or just
     re-read it; the run acts only on the ledger's answer. `escalated(EscalatedSignal)`.
+    `conflict(ConflictSignal)`: a late outcome contradicted a decision (OnceflowConflictKeys).
 Updates: `resolve(ResolveSignal) -> SettleResult`: the same, but the caller gets the ledger's answer
     back (won, or who decided first); a validator refuses bad input before it enters history.
 Queries: `status() -> RunStatus`: phase, pending calls and their last known ledger status.
@@ -34,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from onceflow.constants import (
         ACTIVITY_MARGIN,
         AGENT,
+        CONFLICT_KEYS,
         ERR_CALL_INDETERMINATE,
         ERR_LEDGER_UNAVAILABLE,
         ERR_OUTCOME_NOT_RECORDED,
@@ -61,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
         AgentSpec,
         CallRef,
         CallSummary,
+        ConflictSignal,
         EscalatedSignal,
         ExpireApprovalInput,
         Message,
@@ -109,6 +112,7 @@ class AgentRunWorkflow:
         # Decided once, on the first workflow task, so a run keeps one behaviour for its whole life.
         self._recheck = False
         self._attributes_follow_ledger = False
+        self._conflicts: set[str] = set()
 
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
@@ -174,7 +178,9 @@ class AgentRunWorkflow:
         """Settle (or only re-read) one call in the ledger and act on the ledger's answer."""
         settled = await workflow.execute_activity_method(
             LedgerActivities.settle_call,
-            SettleInput(tenant=self._tenant, signal=request),
+            SettleInput(
+                tenant=self._tenant, signal=request, source="update" if source == "update" else "signal"
+            ),
             start_to_close_timeout=LEDGER_STEP_TIMEOUT,
             retry_policy=LEDGER_RETRY,
             summary=f"{'resolve' if request.status else 'read'} {request.key} ({source}: {request.actor})",
@@ -196,6 +202,19 @@ class AgentRunWorkflow:
             return  # settled meanwhile: nobody needs to be paged about it any more
         self._escalated[signal.key] = signal.owner
         self._publish_escalations()
+
+    @workflow.signal
+    def conflict(self, signal: ConflictSignal) -> None:
+        """A late outcome contradicted the decision on one of this run's calls, or an operator
+        acknowledged one. The ledger's flag is the truth; this keeps OnceflowConflictKeys in step."""
+        if signal.open:
+            self._conflicts.add(signal.key)
+        else:
+            self._conflicts.discard(signal.key)
+        keys = sorted(self._conflicts)
+        workflow.upsert_search_attributes(
+            [CONFLICT_KEYS.value_set(keys) if keys else CONFLICT_KEYS.value_unset()]
+        )
 
     @workflow.query
     def status(self) -> RunStatus:

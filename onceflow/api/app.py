@@ -20,6 +20,8 @@ from temporalio.service import RPCError
 
 from activities.compensation import COMPENSATION_SUFFIX, compensation_key
 from ledger import (
+    ConflictNotOpenError,
+    EventSource,
     InvalidTransitionError,
     Ledger,
     OperatorToken,
@@ -31,6 +33,7 @@ from ledger import (
 from onceflow.agents import AgentRegistry
 from onceflow.api.auth import Operator, RequireToken
 from onceflow.api.models import (
+    AcknowledgeRequest,
     ApproveRequest,
     CompensationStarted,
     DecisionResponse,
@@ -40,7 +43,7 @@ from onceflow.api.models import (
     ToolExecutionList,
     ToolExecutionView,
 )
-from onceflow.payloads import CompensationInput, ResolveSignal
+from onceflow.payloads import CompensationInput, ConflictSignal, ResolveSignal
 from onceflow.problems import PROBLEM_MEDIA_TYPE, Problem, install_problem_handlers
 from workflows.compensation import CompensationWorkflow, compensation_workflow_id
 
@@ -131,6 +134,23 @@ def _conflict(exc: InvalidTransitionError) -> Problem:
     )
 
 
+def _statuses(status: str | None) -> list[Status]:
+    if status is None:
+        return [Status.INDETERMINATE, Status.STARTED, Status.AWAITING_APPROVAL]
+    try:
+        statuses = [Status(s.strip()) for s in status.split(",") if s.strip()]
+    except ValueError:
+        statuses = []
+    if not statuses or not set(statuses) <= _LISTABLE:
+        raise Problem(
+            400,
+            "invalid-status",
+            "Invalid status filter",
+            f"status must be a comma-separated subset of {', '.join(sorted(_LISTABLE))}",
+        )
+    return statuses
+
+
 def _check_key(key: str) -> str:
     if not _KEY.fullmatch(key):  # fullmatch: `$` alone would let a trailing newline through
         raise Problem(
@@ -212,34 +232,39 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
     async def list_executions(
         operator: Operator,
         status: Annotated[
-            str,
+            str | None,
             Query(
-                description="Comma-separated: indeterminate, started (owner gone), awaiting_approval.",
+                description="Comma-separated: indeterminate, started (owner gone), awaiting_approval. "
+                "Default: all three.",
                 json_schema_extra={"pattern": STATUS_FILTER_PATTERN},
             ),
-        ] = "indeterminate,started,awaiting_approval",
+        ] = None,
+        conflict: Annotated[
+            bool | None,
+            Query(
+                description="Calls whose late outcome contradicted the decision. Omitted: listed "
+                "beside the unresolved calls; true: only those (they are settled, so `status` then "
+                "matches none); false: none of them."
+            ),
+        ] = None,
         tool: Annotated[str | None, Query(max_length=200, pattern=_STORABLE)] = None,
         agent: Annotated[str | None, Query(max_length=200, pattern=_STORABLE)] = None,
         escalated: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         cursor: Annotated[str | None, Query(max_length=1000)] = None,
     ) -> ToolExecutionList:
-        """The tenant's calls nobody can vouch for yet, longest waiting first."""
-        try:
-            statuses = [Status(s.strip()) for s in status.split(",") if s.strip()]
-        except ValueError:
+        """The tenant's calls nobody can vouch for yet, and open conflicts, longest waiting first."""
+        statuses = _statuses(status)
+        if conflict:
+            # Calls in conflict are settled: with a status filter too, nothing can match both.
+            if status is not None:
+                return ToolExecutionList(items=[], next_cursor=None)
             statuses = []
-        if not statuses or not set(statuses) <= _LISTABLE:
-            raise Problem(
-                400,
-                "invalid-status",
-                "Invalid status filter",
-                f"status must be a comma-separated subset of {', '.join(sorted(_LISTABLE))}",
-            )
         try:
             page = await ledger.list_unresolved(
                 operator.tenant,
                 statuses=statuses,
+                conflicts=conflict is not False,
                 tool=tool,
                 agent=agent,
                 escalated=escalated,
@@ -289,6 +314,7 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
                 evidence=body.evidence,
                 result=body.result,
                 tenant=operator.tenant,
+                source=EventSource.API,
             ),
         )
 
@@ -299,7 +325,7 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             key,
             operator,
             lambda checked, actor: ledger.approve(
-                checked, actor=actor, reason=body.reason, tenant=operator.tenant
+                checked, actor=actor, reason=body.reason, tenant=operator.tenant, source=EventSource.API
             ),
         )
 
@@ -310,7 +336,7 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             key,
             operator,
             lambda checked, actor: ledger.deny(
-                checked, actor=actor, reason=body.reason, tenant=operator.tenant
+                checked, actor=actor, reason=body.reason, tenant=operator.tenant, source=EventSource.API
             ),
         )
 
@@ -323,6 +349,44 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
         except RecordNotFoundError:
             raise _not_found(key) from None
         signalled = await tell_workflow(record, f"operator:{operator.operator}")
+        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+
+    @app.post(
+        "/v1/tool-executions/{key}/acknowledge-conflict",
+        response_model=DecisionResponse,
+        dependencies=JSON,
+    )
+    async def acknowledge_conflict(
+        key: Key, body: AcknowledgeRequest, operator: Operator
+    ) -> DecisionResponse:
+        """Say what you did about a conflict. The decision stands; the conflict is closed.
+
+        The run's `OnceflowConflictKeys` search attribute drops the key (if the run is still open).
+        """
+        actor = f"operator:{operator.operator}"
+        try:
+            record = await ledger.acknowledge_conflict(
+                _check_key(key),
+                actor=actor,
+                reason=body.reason,
+                evidence=body.evidence,
+                tenant=operator.tenant,
+                source=EventSource.API,
+            )
+        except RecordNotFoundError:
+            raise _not_found(key) from None
+        except ConflictNotOpenError as exc:
+            raise Problem(
+                409, "no-open-conflict", "No open conflict", str(exc), key=key, decided_by=exc.cleared_by
+            ) from None
+        try:
+            await client.get_workflow_handle(record.run_id).signal(
+                "conflict", ConflictSignal(key=record.key, detail=f"acknowledged by {actor}", open=False)
+            )
+            signalled = True
+        except RPCError as exc:
+            log.info("run %s not told that %s was acknowledged: %s", record.run_id, key, exc.message)
+            signalled = False
         return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
 
     @app.post(

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from ledger import Status, ToolExecutionEvent, ToolExecutionRecord
+from ledger import EventSource, Status, ToolExecutionEvent, ToolExecutionRecord
 
 MAX_REASON = 2000
 
@@ -59,6 +59,20 @@ class ReasonRequest(_Request):
     reason: Reason
 
 
+class AcknowledgeRequest(_Request):
+    """What you did about a conflict (refunded by hand, compensated, told the customer...)."""
+
+    reason: Reason
+    evidence: dict[str, Any] | None = Field(None, description="Any JSON object; no NUL in its text.")
+
+    @field_validator("evidence")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        if _contains_nul(value):
+            raise ValueError("text may not contain NUL (\\u0000)")
+        return value
+
+
 class ApproveRequest(_Request):
     reason: Reason | None = None
 
@@ -67,6 +81,9 @@ class EventView(BaseModel):
     at: datetime
     actor: str
     kind: str
+    source: EventSource = Field(
+        description="Where it came from. Only `api` events were made by an authenticated operator."
+    )
     from_status: Status | None = None
     to_status: Status | None = None
     reason: str | None = None
@@ -107,13 +124,39 @@ class ToolExecutionView(BaseModel):
     escalated_to: str | None = None
     escalated_at: datetime | None = None
     lease_expires_at: datetime | None = None
+    conflict: ConflictView | None = Field(
+        None, description="A late outcome that contradicted the decision; the decision stands."
+    )
     events: list[EventView] | None = None
 
     @classmethod
     def of(cls, record: ToolExecutionRecord, *, with_events: bool = False) -> ToolExecutionView:
-        data = record.model_dump(exclude={"events", "tenant", "tool_name"})
+        data = record.model_dump(exclude={"events", "tenant", "tool_name", *_CONFLICT_FIELDS})
         events = [EventView.of(e) for e in record.events] if with_events else None
-        return cls(**data, tool=record.tool_name, events=events)
+        return cls(**data, tool=record.tool_name, conflict=ConflictView.of(record), events=events)
+
+
+_CONFLICT_FIELDS = {"conflict_at", "conflict_detail", "conflict_cleared_at", "conflict_cleared_by"}
+
+
+class ConflictView(BaseModel):
+    open: bool = Field(description="True until an operator acknowledges it.")
+    at: datetime
+    detail: Any = Field(description="The late report, and who had decided what, and when.")
+    acknowledged_at: datetime | None = None
+    acknowledged_by: str | None = None
+
+    @classmethod
+    def of(cls, record: ToolExecutionRecord) -> ConflictView | None:
+        if record.conflict_at is None:
+            return None
+        return cls(
+            open=record.has_conflict,
+            at=record.conflict_at,
+            detail=record.conflict_detail,
+            acknowledged_at=record.conflict_cleared_at,
+            acknowledged_by=record.conflict_cleared_by,
+        )
 
 
 class ToolExecutionList(BaseModel):
@@ -147,3 +190,6 @@ class ProblemDocument(BaseModel):
     current_status: str | None = Field(None, description="On 409: where the call stands now.")
     decided_by: str | None = Field(None, description="On 409: who decided first.")
     decided_at: str | None = Field(None, description="On 409: when they decided.")
+
+
+ToolExecutionView.model_rebuild()

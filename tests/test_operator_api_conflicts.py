@@ -1,0 +1,110 @@
+"""Conflicts and event sources through the operator API: listed, shown, acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from ledger import Status
+from onceflow.constants import CONFLICT_KEYS
+from onceflow.payloads import ConflictSignal
+from tests.support.operator_api import OperatorApi
+from tests.test_operator_api import unknown_call
+from tests.test_run_conflicts_and_provenance import open_run_with_a_decided_call
+from workflows.agent_run import AgentRunWorkflow
+
+
+async def conflicted_call(api: OperatorApi, tenant: str = "acme") -> str:
+    key = await unknown_call(api.ledger, tenant=tenant)
+    await api.ledger.settle(key, status=Status.FAILED, actor="operator:alice", reason="not in billing")
+    await api.ledger.record_late_outcome(
+        key, actor="reconciler", status=Status.COMPLETED, evidence={"credit_id": "cr_9"}
+    )
+    return key
+
+
+async def test_conflicts_are_in_the_default_queue_and_can_be_listed_alone(operator_api: OperatorApi) -> None:
+    unknown = await unknown_call(operator_api.ledger)
+    conflicted = await conflicted_call(operator_api)
+    await conflicted_call(operator_api, tenant="globex")
+    async with await operator_api.as_operator() as acme:
+        queue = (await acme.get("/v1/tool-executions")).json()["items"]
+        only = (await acme.get("/v1/tool-executions", params={"conflict": "true"})).json()["items"]
+        none = (await acme.get("/v1/tool-executions", params={"conflict": "false"})).json()["items"]
+        mixed = await acme.get("/v1/tool-executions", params={"conflict": "true", "status": "indeterminate"})
+
+    assert [i["key"] for i in queue] == [unknown, conflicted]
+    assert [i["key"] for i in only] == [conflicted]
+    assert [i["key"] for i in none] == [unknown]
+    assert mixed.status_code == 200 and mixed.json()["items"] == []  # conflicts are never unresolved
+    view = only[0]
+    assert view["status"] == "failed" and view["settled_by"] == "operator:alice"
+    assert view["conflict"]["open"] is True
+    assert view["conflict"]["detail"]["reported"] == "completed"
+    assert view["conflict"]["detail"]["evidence"] == {"credit_id": "cr_9"}
+    assert queue[0]["conflict"] is None
+
+
+async def test_the_record_shows_the_conflict_and_where_each_event_came_from(
+    operator_api: OperatorApi,
+) -> None:
+    key = await conflicted_call(operator_api)
+    async with await operator_api.as_operator() as acme:
+        shown = (await acme.get(f"/v1/tool-executions/{key}")).json()
+    assert [(e["kind"], e["source"]) for e in shown["events"]] == [
+        ("reserved", "owner"),
+        ("indeterminate", "inspector"),
+        ("settled", "api"),
+        ("outcome_conflict", "reconciler"),
+    ]
+    assert shown["conflict"]["open"] is True
+
+
+async def test_acknowledging_a_conflict_keeps_the_decision_and_clears_the_runs_attribute(
+    operator_api: OperatorApi,
+) -> None:
+    # A run that stays open (waiting for an approval); its other call was decided "failed" and then
+    # the reconcile hook found it completed.
+    handle, key = await open_run_with_a_decided_call(operator_api.runs)
+    await operator_api.ledger.record_late_outcome(key, actor="reconciler", status=Status.COMPLETED)
+    # What the reconcile activity does after flagging (tested through Temporal elsewhere).
+    await handle.signal(
+        AgentRunWorkflow.conflict, ConflictSignal(key=key, detail="reconciler says completed")
+    )
+
+    async def attribute() -> Sequence[str] | None:
+        return (await handle.describe()).typed_search_attributes.get(CONFLICT_KEYS)
+
+    for _ in range(100):
+        if await attribute() == [key]:
+            break
+        await asyncio.sleep(0.05)
+    assert await attribute() == [key]
+
+    async with (
+        await operator_api.as_operator(operator="bob") as bob,
+        await operator_api.as_operator(operator="carol") as carol,
+        await operator_api.as_operator(tenant="globex") as globex,
+    ):
+        path = f"/v1/tool-executions/{key}/acknowledge-conflict"
+        assert (await bob.post(path, json={})).status_code == 400
+        assert (await globex.post(path, json={"reason": "mine"})).status_code == 404
+        answer = await bob.post(path, json={"reason": "voided by hand", "evidence": {"ticket": "OPS-3"}})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["run_signalled"] is True
+        view = answer.json()["execution"]
+        assert (view["status"], view["settled_by"]) == ("failed", "operator:alice")
+        assert view["conflict"]["open"] is False and view["conflict"]["acknowledged_by"] == "operator:bob"
+        assert (await bob.post(path, json={"reason": "voided by hand"})).status_code == 200
+        late = await carol.post(path, json={"reason": "me too"})
+        assert late.status_code == 409 and late.json()["decided_by"] == "operator:bob"
+        listed = (await bob.get("/v1/tool-executions", params={"conflict": "true"})).json()["items"]
+        assert listed == []
+
+    for _ in range(100):
+        if await attribute() is None:
+            break
+        await asyncio.sleep(0.05)
+    assert await attribute() is None
+    record = await operator_api.ledger.get(key)
+    assert [e.kind for e in record.events].count("conflict_acknowledged") == 1

@@ -30,8 +30,11 @@ _STATUS_AT = {
     KillPoint.AFTER_ANSWER: Status.STARTED,
     KillPoint.RECONCILE: Status.INDETERMINATE,
 }
-# Effects the billing service must show for the key at the moment of the kill (None: either).
+# Credit requests billing must have received for the key, and effects it must show, at the kill.
+_RECEIVED_AT = {KillPoint.BEFORE_SEND: 0, KillPoint.AFTER_ANSWER: 1}
 _EFFECTS_AT = {KillPoint.BEFORE_SEND: 0, KillPoint.AFTER_ANSWER: 1}
+
+Facts = tuple[Status | None, int | None, int | None]  # ledger status, effects, requests received
 
 
 @dataclass
@@ -124,12 +127,13 @@ class Killer:
         response.raise_for_status()
         return any(fault["account_id"] == account_id for fault in response.json())
 
-    async def _facts(self, held: Held) -> tuple[Status | None, int | None]:
+    async def _facts(self, held: Held) -> Facts:
         if held.key is None:
-            return None, None
+            return None, None, None
         record = await self.ledger.find(held.key)
         effects = (await self.billing.effects()).count(held.key)
-        return (record.status if record else None), effects
+        received = (await self.billing.received(held.key)).received
+        return (record.status if record else None), effects, received
 
     def _judge(
         self,
@@ -137,8 +141,8 @@ class Killer:
         *,
         alive: bool,
         ready: bool,
-        before: tuple[Status | None, int | None],
-        after: tuple[Status | None, int | None],
+        before: Facts,
+        after: Facts,
     ) -> PointHit:
         problems = []
         if not alive:
@@ -151,6 +155,9 @@ class Killer:
         effects = _EFFECTS_AT.get(held.point)
         if effects is not None and before[1] != effects:
             problems.append(f"billing showed {before[1]} effects, not {effects}")
+        received = _RECEIVED_AT.get(held.point)
+        if received is not None and before[2] != received:
+            problems.append(f"billing had received {before[2]} requests for the key, not {received}")
         return PointHit(held.point, held.run_id, held.key, verified=not problems, note="; ".join(problems))
 
     # -- at random --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Faults that come from people and from history, not from machines dying (issue #6, "more faults").
 
 On the session's Temporal dev server and a fresh PostgreSQL ledger, with the example billing service
-in a process of its own counting effects per idempotency key, and a worker in this process:
+in a process of its own, honouring no idempotency key and recording every request it receives per
+key, and a worker in this process:
 
 - a Temporal reset of several finished runs back to their first workflow task: the reruns ask the
   ledger, get the recorded results, and nobody asks the billing service again;
@@ -150,14 +151,26 @@ def without_events(record: ToolExecutionRecord) -> dict[str, Any]:
     return record.model_dump(exclude={"events"})
 
 
+async def credit_requests(billing: BillingClient, keys: list[str]) -> dict[str, int]:
+    """Credit requests billing received per key, counted on arrival, whatever it made of them."""
+    received = await billing.received_counts()
+    return {key: received.count(key) for key in keys}
+
+
+async def order_reads(billing: BillingClient, orders: list[str]) -> dict[str, int]:
+    """Order lookups billing received per order."""
+    return {order: (await billing.received_counts("GET", f"/orders/{order}")).total for order in orders}
+
+
 # -- 5. a Temporal reset of finished runs to before their writes ---------------------------------------
 
 
 async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothing_again(
-    harness: Harness, billing: BillingClient, proxy: DroppingProxy
+    harness: Harness, billing: BillingClient
 ) -> None:
     client = harness.client
-    handles = [await harness.start("two-credits", order_input(new_order())) for _ in range(4)]
+    orders = [new_order() for _ in range(4)]
+    handles = [await harness.start("two-credits", order_input(order)) for order in orders]
     firsts = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 30)
     keys = {h.id: [f"{h.id}:call_1_0", f"{h.id}:call_1_1"] for h in handles}
     every_key = [k for pair in keys.values() for k in pair]
@@ -165,8 +178,8 @@ async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothin
     assert all(r.status is Status.COMPLETED for r in recorded.values())
     effects = await billing.effects()
     assert {key: effects.count(key) for key in every_key} == dict.fromkeys(every_key, 1)
-    assert proxy.exactly("POST", "/credits") == len(every_key)
-    assert proxy.requests("GET", "/orders") == len(handles)
+    assert await credit_requests(billing, every_key) == dict.fromkeys(every_key, 1)
+    assert await order_reads(billing, orders) == dict.fromkeys(orders, 1)
 
     # Reset each finished run to its very first workflow task: before every activity it ran.
     resets: list[RunHandle] = []
@@ -188,8 +201,8 @@ async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothin
     seconds = await asyncio.wait_for(asyncio.gather(*(h.result() for h in resets)), 30)
 
     # Nobody asked the billing service for a credit again; the reads did run again.
-    assert proxy.exactly("POST", "/credits") == len(every_key)
-    assert proxy.requests("GET", "/orders") == 2 * len(handles)
+    assert await credit_requests(billing, every_key) == dict.fromkeys(every_key, 1)
+    assert await order_reads(billing, orders) == dict.fromkeys(orders, 2)
     effects = await billing.effects()
     assert {key: effects.count(key) for key in every_key} == dict.fromkeys(every_key, 1)
     for first, second, reset in zip(firsts, seconds, resets, strict=True):
@@ -247,6 +260,7 @@ async def _paused_runs(harness: Harness, billing: BillingClient, count: int) -> 
     await eventually(all_paused, f"{count} runs to pause on an unknown credit")
     effects = await billing.effects()
     assert [effects.count(key) for _, key in runs] == [1] * count
+    assert await credit_requests(billing, [key for _, key in runs]) == {key: 1 for _, key in runs}
     return runs
 
 
@@ -346,6 +360,7 @@ async def test_two_operators_racing_resolve_signals_one_wins_and_the_run_acts_on
         assert (winner.outcome.status, winner.refused) == (record.status, None)
         _check_loser_refused(harness.client, attempts[loser], record)
         # Whoever lost, nothing was sent again.
+        assert (await billing.received(key)).received == 1
         assert (await billing.effects()).count(key) == 1
     assert sum(winners.values()) == len(runs)
 
@@ -373,6 +388,7 @@ async def test_an_operator_signal_racing_a_direct_settle_one_wins_and_the_run_ac
             assert (bobs.settled_by, bobs.settled_at) == ("op-alice", record.settled_at)
         else:
             assert isinstance(bobs, ToolExecutionRecord), bobs
+        assert (await billing.received(key)).received == 1
         assert (await billing.effects()).count(key) == 1
 
 
@@ -460,6 +476,10 @@ async def test_a_zombie_attempts_outcome_after_its_call_was_settled_is_recorded_
     assert ignored.detail["reported"] == reported
     assert ZOMBIES.cancellations_ignored[key] >= 1  # it really outlived its own timeout
     credit = await billing.find_credit(key)
+    # The zombie's one request is the only one billing ever received for the key: applied before
+    # the call was settled, or refused by the fence after it.
+    sent = [(r.outcome, r.status_code) for r in (await billing.received(key)).requests]
+    assert sent == ([("applied", 201)] if settled_as is Status.COMPLETED else [("refused", 409)])
     if settled_as is Status.COMPLETED:
         assert ignored.detail["result"] == settled.result == credit
         assert effects_when_settled == (await billing.effects()).count(key) == 1

@@ -100,12 +100,28 @@ class Killer:
             mark_done(path)
             return
         ready = await self._downstream_holds(held) if held.point is KillPoint.DOWNSTREAM else True
-        before = await self._facts(held)
+        # Points the same worker holds and sleeps at (all but `downstream`, which is only announced)
+        # are hit by this kill too: judge them as well, with their facts from before and after it.
+        also = [
+            (other_path, other)
+            for other_path, other in read_held(self.markers)
+            if other.pid == held.pid and other_path != path and other.point is not KillPoint.DOWNSTREAM
+        ]
+        targets = [(path, held), *also]
+        before = [await self._facts(h) for _, h in targets]
         pid = await self._kill_and_replace([slot], "planned")
-        after = await self._facts(held)
-        hit = self._judge(held, alive=pid is not None, ready=ready, before=before, after=after)
-        self.kills[-1].hits.append(hit)
-        mark_done(path)
+        for (target_path, target), facts in zip(targets, before, strict=True):
+            after = await self._facts(target)
+            is_aimed = target_path == path
+            hit = self._judge(
+                target, alive=pid is not None, ready=ready or not is_aimed, before=facts, after=after
+            )
+            if not is_aimed:
+                hit.note = "; ".join(
+                    filter(None, ["held by the same worker, killed for another point", hit.note])
+                )
+            self.kills[-1].hits.append(hit)
+            mark_done(target_path)
         self._take_other_holds(held.pid, self.kills[-1], exclude=path)
 
     async def _downstream_holds(self, held: Held) -> bool:

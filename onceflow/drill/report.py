@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 # Read-only: what the ledger holds for the drill's tenant (the ledger API reads one key at a time).
 _ROWS = """
-SELECT key, run_id, tool_call_id, status, failure_kind, settled_by
+SELECT key, run_id, tool_call_id, status, failure_kind, settled_by, attempt
 FROM tool_executions WHERE tenant = $1
 """
 
@@ -215,6 +215,14 @@ def check_run(
                 "no_key_sent_more_than_once",
                 f"{key}: billing received it {found.received} times"
                 f" ({found.legit_resends} re-sends after not-attempted allowed)",
+            )
+        reruns = downstream.reruns.get(key, Reruns())
+        if row and row.get("attempt", 1) - 1 != reruns.after_not_attempted + reruns.after_other_failure:
+            # The events must explain every re-reservation, or re-sends cannot be told apart.
+            flag(
+                "no_key_sent_more_than_once",
+                f"{key}: attempt {row['attempt']}, yet its events show "
+                f"{reruns.after_not_attempted + reruns.after_other_failure} re-reservations",
             )
         if found.received and status is None:
             flag("no_request_without_ledger_record", f"{key}: sent without a ledger record")

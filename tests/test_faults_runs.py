@@ -35,6 +35,7 @@ from temporalio.testing import WorkflowEnvironment
 from examples.billing.client import BillingClient
 from ledger import AlreadySettledError, FailureKind, Ledger, Status, ToolExecutionRecord
 from onceflow.agents import AgentRegistry, build_registry
+from onceflow.drill.sends import Reruns, Sends, judge_sends, reruns_by_key
 from onceflow.payloads import AgentRunResult, Phase, ResolveSignal, SettleInput, SettleResult, ToolOutcome
 from tests.support.fault_tools import AFTER_ANSWER, BEFORE_SEND, ZOMBIES
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
@@ -225,6 +226,50 @@ async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothin
         assert without_events(after) == without_events(before)
         assert after.events[: len(before.events)] == before.events
         assert all(e.to_status is None for e in after.events[len(before.events) :])
+
+
+async def test_a_reset_resends_only_the_call_that_was_not_attempted_and_the_count_allows_just_that(
+    harness: Harness, billing: BillingClient
+) -> None:
+    # Billing refuses the first credit at the door (423): the ledger says failed, not attempted.
+    order = new_order()
+    await billing.set_account_fault(account_of(order), "locked", times=1)
+    handle = await harness.start("credit-by-operator", order_input(order))
+    await asyncio.wait_for(handle.result(), 30)
+    key = f"{handle.id}:call_1_0"
+    first = await harness.ledger.get(key)
+    assert (first.status, first.failure_kind, first.attempt) == (Status.FAILED, FailureKind.NOT_ATTEMPTED, 1)
+
+    # A reset replays the run: the same call, the same key, reserved again out of `failed`.
+    first_run_id = handle.result_run_id
+    assert first_run_id is not None
+    events = await history_events(harness.client, handle.id, first_run_id)
+    new_run_id = await reset_run(
+        harness.client, handle.id, first_run_id, workflow_task_completed_after(events, 0), "test: again"
+    )
+    again = harness.client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=new_run_id)
+    await asyncio.wait_for(again.result(), 30)
+    record = await harness.ledger.get(key)
+    assert (record.status, record.attempt) == (Status.COMPLETED, 2)
+
+    # Billing received the key twice, refused then applied; the drill's rule allows exactly that.
+    sent = [(r.outcome, r.status_code) for r in (await billing.received(key)).requests]
+    assert sent == [("refused", 423), ("applied", 201)]
+    history = [
+        {
+            "key": key,
+            "kind": e.kind,
+            "from_status": e.from_status,
+            "to_status": e.to_status,
+            "reason": e.reason,
+        }
+        for e in record.events
+    ]
+    reruns = reruns_by_key(history)
+    assert reruns == {key: Reruns(after_not_attempted=1)}
+    assert judge_sends(len(sent), reruns[key]) == Sends(received=2, legit_resends=1, extra=0)
+    # One more request would be a key sent twice.
+    assert judge_sends(3, reruns[key]).extra == 1
 
 
 def _completed_outcome(client: Client, closed: Any) -> ToolOutcome:

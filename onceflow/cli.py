@@ -325,9 +325,14 @@ def drill(
     ),
     concurrency: Annotated[int, typer.Option(min=1, help="Runs in flight at once.")] = 8,
     random_kills: Annotated[bool, typer.Option(help="Also kill workers at random moments.")] = True,
+    planned_kills: Annotated[bool, typer.Option(help="Kill workers at the planned kill points.")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds before runs still going count as lost.")] = 1800,
+    sabotage_resend_after_timeout: Annotated[
+        bool, typer.Option(hidden=True, help="Tests of the drill only: workers that send a write twice.")
+    ] = False,
 ) -> None:
-    """Crash drill: SIGKILL workers at every kill point and at random, then check nothing ran twice."""
+    """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
+    receiver that honours no idempotency key."""
     from onceflow.drill.cli import run_from_cli
     from onceflow.drill.runner import DrillConfig
 
@@ -338,7 +343,9 @@ def drill(
         report=report,
         concurrency=concurrency,
         random_kills=random_kills,
+        planned_kills=planned_kills,
         timeout=timeout,
+        sabotage=sabotage_resend_after_timeout,
     )
     _exit_now(run_from_cli(config))
 

@@ -107,10 +107,12 @@ async def operator_api(temporal_env: WorkflowEnvironment, ledger: Ledger) -> Asy
 
 @pytest.fixture(scope="module")
 async def billing_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """The billing service honouring no idempotency key (`--no-dedup`): a key sent twice applies
+    twice, and `BillingClient.received` counts every request that arrived, per key."""
     directory = tmp_path_factory.mktemp("billing")
     processes = ChildProcesses(directory)
     try:
-        yield await start_billing_service(processes, directory / "billing.sqlite3")
+        yield await start_billing_service(processes, directory / "billing.sqlite3", dedup=False)
     finally:
         processes.close()
 
@@ -123,7 +125,7 @@ async def billing(billing_url: str) -> AsyncIterator[BillingClient]:
 
 @pytest.fixture
 async def proxy(billing_url: str) -> AsyncIterator[DroppingProxy]:
-    """The workers' way to the billing service; it counts every request that reaches the service."""
+    """The workers' way to the billing service; it can lose the answers to writes."""
     parts = urlsplit(billing_url)
     assert parts.hostname is not None and parts.port is not None
     running = await DroppingProxy(parts.hostname, parts.port).start()

@@ -41,7 +41,7 @@ async def test_write_completes_once_and_the_model_sees_the_result(harness: Harne
     handle = await harness.start("credit-reconciled", ORDER)
     result = await handle.result()
     key = f"{handle.id}:call_1_0"
-    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {key: 1}
     record = await harness.ledger.get(key)
     assert record.status is Status.COMPLETED
     assert record.result == {"credit_id": "cr_1", "account_id": "acct_o1", "amount_cents": 1250}
@@ -54,7 +54,7 @@ async def test_write_timeout_after_apply_is_reconciled_and_run_gets_real_result(
     handle = await harness.start("credit-reconciled", ORDER)
     result = await asyncio.wait_for(handle.result(), 30)
     key = f"{handle.id}:call_1_0"
-    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {key: 1}
     assert DOWNSTREAM.send_attempts == 1
     record = await harness.ledger.get(key)
     assert record.status is Status.COMPLETED
@@ -91,7 +91,7 @@ async def test_indeterminate_with_pause_waits_for_a_resolve_signal(harness: Harn
     assert record.settled_by == "signal:alice"  # a name in a signal is not an authenticated operator
     assert record.reason == "saw cr_1 in the billing console"
     assert "cr_1" in result.final
-    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {key: 1}
 
 
 async def test_indeterminate_with_fail_fails_the_run_naming_the_key(harness: Harness) -> None:
@@ -102,7 +102,7 @@ async def test_indeterminate_with_fail_fails_the_run_naming_the_key(harness: Har
         await asyncio.wait_for(handle.result(), 30)
     assert key in str(failure.value.cause)
     assert (await harness.ledger.get(key)).status is Status.INDETERMINATE
-    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {key: 1}
 
 
 async def test_two_resolves_at_once_one_wins_and_the_run_resumes_once(harness: Harness) -> None:
@@ -149,6 +149,7 @@ async def test_refused_before_sending_is_failed_and_the_model_is_told(harness: H
     assert record.status is Status.FAILED
     assert record.failure_kind == "not_attempted"
     assert DOWNSTREAM.effects == {}
+    assert DOWNSTREAM.received == {key: 1}  # received once, refused at the door
     assert "locked" in result.final
 
 

@@ -78,7 +78,7 @@ async def test_reset_before_the_write_replays_under_the_same_key_without_calling
     assert first_run_id is not None
     key = f"{handle.id}:call_1_0"
     recorded = await harness.ledger.get(key)
-    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {key: 1}
     assert DOWNSTREAM.send_attempts == 1
 
     # Reset to the workflow task that handled the first model answer: before the lookup and the write.
@@ -101,7 +101,7 @@ async def test_reset_before_the_write_replays_under_the_same_key_without_calling
     assert second.run_id == first.run_id == handle.id
     assert second.calls[-1].key == key
     assert second.final == first.final
-    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {key: 1}
     assert DOWNSTREAM.send_attempts == 1
     assert DOWNSTREAM.read_attempts == 2  # the read did run again: reads may, writes may not
     after = await harness.ledger.get(key)
@@ -131,7 +131,7 @@ async def test_model_errors_are_retried_and_the_run_succeeds(
     key = f"{handle.id}:call_1_0"
     assert model.calls == {1: 3, 2: 1, 3: 1}  # two failures and one answer for the first turn
     assert "cr_1" in result.final
-    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {key: 1}
     runs = activity_runs(await history_events(temporal_env.client, handle.id))
     first_model = next(r for r in runs if r.activity_type == "call_model")
     assert first_model.closed is not None
@@ -198,7 +198,7 @@ async def _ledger_down_at_reserve(harness: Harness, admin: asyncpg.Connection, d
 
     result = await asyncio.wait_for(handle.result(), 20)
     key = f"{handle.id}:call_1_0"
-    assert DOWNSTREAM.effects == {key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {key: 1}
     assert DOWNSTREAM.send_attempts == 1
     record = await harness.ledger.get(key)
     assert record.status is Status.COMPLETED

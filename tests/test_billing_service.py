@@ -247,3 +247,99 @@ async def test_fencing_a_key_that_applied_returns_the_credit(billing: BillingCli
     credit = await billing.credit("acct_g", 100, idempotency_key="run-g:call_1")
     found = await billing.fence_key("run-g:call_1")
     assert found is not None and found["credit_id"] == credit.credit_id
+
+
+# -- every request is recorded on arrival, before dedup, fencing or faults ------------------------------
+
+
+async def test_a_replayed_key_is_received_twice_though_it_applied_once(billing: BillingClient) -> None:
+    key, account = new_key(), new_account()
+    await billing.credit(account, 300, idempotency_key=key)
+    await billing.credit(account, 300, idempotency_key=key)
+    received = await billing.received(key)
+    assert received.received == 2
+    assert [(r.method, r.path, r.outcome) for r in received.requests] == [
+        ("POST", "/credits", "applied"),
+        ("POST", "/credits", "answered"),
+    ]
+    assert [r.status_code for r in received.requests] == [201, 201]
+    assert (await billing.effects()).count(key) == 1
+    assert (await billing.received_counts()).count(key) == 2
+
+
+async def test_refused_fenced_and_dropped_requests_are_received_too(billing: BillingClient) -> None:
+    account = new_account()
+    locked, fenced, dropped, conflicting = new_key(), new_key(), new_key(), new_key()
+    await billing.set_account_fault(account, FaultMode.LOCKED, times=1)
+    with pytest.raises(BillingLocked):
+        await billing.credit(account, 100, idempotency_key=locked)
+    await billing.fence_key(fenced)
+    with pytest.raises(BillingConflict):
+        await billing.credit(account, 100, idempotency_key=fenced)
+    with pytest.raises(httpx.RemoteProtocolError):
+        await billing.credit(account, 100, idempotency_key=dropped, fault=FaultMode.DROP)
+    await billing.credit(account, 100, idempotency_key=conflicting)
+    with pytest.raises(BillingConflict):
+        await billing.credit(account, 200, idempotency_key=conflicting)
+
+    outcomes = {
+        key: [(r.outcome, r.status_code) for r in (await billing.received(key)).requests]
+        for key in (locked, fenced, dropped, conflicting)
+    }
+    assert outcomes == {
+        locked: [("refused", 423)],
+        fenced: [("refused", 409)],
+        dropped: [("applied", None)],
+        conflicting: [("applied", 201), ("refused", 409)],
+    }
+    counts = await billing.received_counts()
+    assert [counts.count(k) for k in (locked, fenced, dropped, conflicting)] == [1, 1, 1, 2]
+    assert (await billing.received(new_key())).received == 0
+
+
+async def test_keyless_and_malformed_requests_are_received_and_reads_are_counted(
+    server: BackgroundServer, billing: BillingClient
+) -> None:
+    before = await billing.received_counts()
+    async with httpx.AsyncClient(base_url=server.base_url) as http:
+        assert (
+            await http.post("/credits", json={"account_id": "acct_x", "amount_cents": 1})
+        ).status_code == 400
+        response = await http.post("/credits", content=b"{", headers={"Idempotency-Key": "k-malformed"})
+        assert response.status_code == 400
+    assert (await billing.received_counts()).keyless == before.keyless + 1
+    assert [r.outcome for r in (await billing.received("k-malformed")).requests] == ["refused"]
+
+    order = f"ord_{uuid.uuid4().hex[:8]}"
+    await billing.get_order(order)
+    reads = await billing.received_counts("GET", f"/orders/{order}")
+    assert (reads.total, reads.keyless) == (1, 1)
+    # The service's own introspection is not counted.
+    await billing.effects()
+    assert (await billing.received_counts(None, None, prefix="/effects")).total == 0
+
+
+async def test_without_dedup_every_request_applies_a_new_credit(tmp_path: Path) -> None:
+    key, account = new_key(), new_account()
+    with BackgroundServer(create_app(str(tmp_path / "b.sqlite3"), dedup=False)) as running:
+        async with BillingClient(running.base_url, timeout=5.0) as client:
+            assert not await client.dedups()
+            first = await client.credit(account, 300, idempotency_key=key)
+            second = await client.credit(account, 300, idempotency_key=key)
+            other_body = await client.credit(account, 999, idempotency_key=key)
+            assert len({first.credit_id, second.credit_id, other_body.credit_id}) == 3
+            assert (await client.effects()).count(key) == 3
+            received = await client.received(key)
+            assert [r.outcome for r in received.requests] == ["applied"] * 3
+            # The reconcile question still finds the (first) credit, and a fence still holds.
+            found = await client.find_credit(key)
+            assert found is not None and found["credit_id"] == first.credit_id
+            fenced = new_key()
+            assert await client.fence_key(fenced) is None
+            with pytest.raises(BillingConflict):
+                await client.credit(account, 100, idempotency_key=fenced)
+            assert (await client.received_counts()).count(fenced) == 1
+
+
+async def test_the_default_service_dedups(billing: BillingClient) -> None:
+    assert await billing.dedups()

@@ -1,8 +1,9 @@
 """Infrastructure taken away mid-run (issue #6, "more faults"), with real processes throughout.
 
-Workers are `python worker.py` processes; the billing service runs in a process of its own and
-counts effects per idempotency key; workers reach it through a proxy in this process that counts
-every request and can lose the answers to writes. Each test then takes something away:
+Workers are `python worker.py` processes; the billing service runs in a process of its own, honours
+no idempotency key (`--no-dedup`) and records every request it receives, per key; workers reach it
+through a proxy in this process that can lose the answers to writes. Each test then takes something
+away:
 
 - PostgreSQL (a cluster of the test's own) stopped and started again: nothing is sent without a
   reservation while it is away, and every run finishes after it returns;
@@ -12,8 +13,8 @@ every request and can lose the answers to writes. Each test then takes something
 - the billing service's answers to writes lost for a while: calls go unknown, and the reconcile
   hook settles each one truthfully once answers come back.
 
-Invariants checked every time: one ledger row per tool call, at most one effect per key, and exactly
-one for every call the ledger calls completed.
+Invariants checked every time: one ledger row per tool call, each key's credit request received by
+billing exactly once, and one effect for every call the ledger calls completed.
 
 Covered elsewhere and not repeated here: one worker SIGKILLed at one chosen instruction
 (test_worker_processes) and one database refusing connections at reserve (test_agent_run_faults).
@@ -29,7 +30,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
 import asyncpg
 import pytest
@@ -121,6 +121,11 @@ class Stack:
         counted = await self.billing.effects()
         return {key: counted.count(key) for _, key in self.runs}
 
+    async def sends(self) -> dict[str, int]:
+        """Credit requests billing received per run's key, counted on arrival (before anything else)."""
+        received = await self.billing.received_counts()
+        return {key: received.count(key) for _, key in self.runs}
+
 
 def new_order() -> str:
     return f"ord_{uuid.uuid4().hex[:10]}"
@@ -180,9 +185,11 @@ async def ledger_keys(database_url: str, run_ids: list[str]) -> list[str]:
 async def check_every_run_completed_once(
     stack: Stack, ledger: Ledger, database_url: str, results: list[AgentRunResult]
 ) -> dict[str, ToolExecutionRecord]:
-    """One row per call, one effect per key, the ledger's result is the service's credit, the run saw it."""
+    """One row per call, each key sent once and applied once, the ledger's result is the service's
+    credit, the run saw it."""
     keys = [key for _, key in stack.runs]
     assert await ledger_keys(database_url, [h.id for h, _ in stack.runs]) == sorted(keys)
+    assert await stack.sends() == dict.fromkeys(keys, 1)
     assert await stack.effects() == dict.fromkeys(keys, 1)
     records = {}
     for (_, key), result in zip(stack.runs, results, strict=True):
@@ -231,8 +238,7 @@ async def test_postgres_stopped_mid_run_sends_nothing_unreserved_and_runs_finish
 
         await stack.wait_for(a_applied, "run A's credit to be applied")
         await postgres.stop()
-        credits_sent = proxy.exactly("POST", "/credits")
-        assert credits_sent == 1
+        assert await stack.sends() == {key_a: 1}
 
         # Runs B and C start while the ledger is away: their conversations live beside it, so their
         # model turns are retried until it is back, and they never reach a write.
@@ -245,7 +251,7 @@ async def test_postgres_stopped_mid_run_sends_nothing_unreserved_and_runs_finish
 
         await stack.wait_for(refused_while_down, "writes to be refused while PostgreSQL is down")
         # Nothing was sent without a reservation: no request, no effect.
-        assert proxy.exactly("POST", "/credits") == credits_sent
+        assert await stack.sends() == {key_a: 1, key_b: 0, key_c: 0}
         assert await stack.effects() == {key_a: 1, key_b: 0, key_c: 0}
         for handle, _ in stack.runs:
             assert (await handle.query(AgentRunWorkflow.status)).phase is Phase.RUNNING
@@ -260,11 +266,11 @@ async def test_postgres_stopped_mid_run_sends_nothing_unreserved_and_runs_finish
         # A's unknown outcome was written once the database was back, then reconciled.
         assert transitions(records[key_a]) == [Status.STARTED, Status.INDETERMINATE, Status.COMPLETED]
         assert records[key_a].settled_by == "reconciler"
-        # B and C reserved once the database was back and sent once.
+        # B and C reserved once the database was back and sent once; A was never sent again.
         for key in (key_b, key_c):
             assert [e.kind for e in records[key].events] == ["reserved", "completed"]
             assert records[key].attempt == 1
-        assert proxy.exactly("POST", "/credits") == credits_sent + 2
+        assert await stack.sends() == {key_a: 1, key_b: 1, key_c: 1}
     finally:
         await postgres.stop()
 
@@ -325,7 +331,7 @@ async def test_temporal_killed_and_restarted_from_its_file_resumes_every_run_wit
             described = await client.get_workflow_handle(handle.id).describe()
             assert described.run_id == first_runs[handle.id]
             assert [e.kind for e in (await ledger.get(key)).events] == ["reserved", "completed"]
-        assert proxy.exactly("POST", "/credits") == len(stack.runs)
+        assert await stack.sends() == {key: 1 for _, key in stack.runs}
         assert worker.poll() is None, "the worker should ride out the server's restart"
     finally:
         temporal.kill()
@@ -360,8 +366,8 @@ async def test_both_workers_killed_at_once_and_fresh_workers_finish_every_run(
     held_keys = [(await stack.start_run(order))[1] for order in applied_first + applied_later]
 
     async def all_on_the_wire() -> bool:
-        effects = await billing.effects()
-        return proxy.exactly("POST", "/credits") == 4 and all(
+        effects, sends = await billing.effects(), await stack.sends()
+        return [sends[key] for key in held_keys] == [1] * 4 and all(
             effects.count(key) == 1 for key in held_keys[:2]
         )
 
@@ -374,6 +380,7 @@ async def test_both_workers_killed_at_once_and_fresh_workers_finish_every_run(
         record = await ledger.find(key)
         assert record is not None and record.status is Status.STARTED
     assert [(await billing.effects()).count(key) for key in held_keys] == [1, 1, 0, 0]
+    assert [(await stack.sends())[key] for key in held_keys] == [1, 1, 1, 1]
     for handle, _ in stack.runs:
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
     stack.start_worker()
@@ -389,7 +396,8 @@ async def test_both_workers_killed_at_once_and_fresh_workers_finish_every_run(
         if key not in held_keys:
             assert transitions(record)[-1] is Status.COMPLETED
             assert record.attempt == 1
-    assert proxy.exactly("POST", "/credits") <= len(stack.runs)
+    # Killed in flight or not, every call reached billing exactly once (checked above as well).
+    assert await stack.sends() == {key: 1 for _, key in stack.runs}
 
 
 # -- 4. the downstream loses every answer to a write for a while ------------------------------------------
@@ -431,15 +439,19 @@ async def test_lost_answers_leave_calls_unknown_until_reconcile_can_hear_the_tru
     await stack.wait_for(all_unknown_and_paused, "every call to be unknown and every run paused")
 
     async def reconcile_kept_trying() -> bool:
-        return all(
-            proxy.dropped[f"POST /credits/by-key/{quote(key, safe='')}/fence"] >= 2 for _, key in stack.runs
-        )
+        # Every POST's answer is lost now, so each fence request billing received was one lost answer.
+        fences = [
+            (await billing.received_counts("POST", f"/credits/by-key/{key}/fence")).total
+            for _, key in stack.runs
+        ]
+        return all(n >= 2 for n in fences)
 
     await stack.wait_for(reconcile_kept_trying, "the reconcile hook to lose two answers per call")
     for _, key in stack.runs:
         record = await ledger.find(key)
         assert record is not None and record.status is Status.INDETERMINATE
     assert await stack.effects() == {**dict.fromkeys(applied, 1), **dict.fromkeys(refused, 0)}
+    assert await stack.sends() == {key: 1 for _, key in stack.runs}
 
     proxy.dropping = False
     results = await stack.results()
@@ -460,4 +472,4 @@ async def test_lost_answers_leave_calls_unknown_until_reconcile_can_hear_the_tru
             assert (record.status, record.failure_kind) == (Status.FAILED, FailureKind.NOT_APPLIED)
             assert credit is None
     # One credit request per call: the truth came from the hook, never from sending again.
-    assert proxy.exactly("POST", "/credits") == len(stack.runs)
+    assert await stack.sends() == {key: 1 for _, key in stack.runs}

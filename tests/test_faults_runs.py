@@ -1,7 +1,8 @@
 """Faults that come from people and from history, not from machines dying (issue #6, "more faults").
 
 On the session's Temporal dev server and a fresh PostgreSQL ledger, with the example billing service
-in a process of its own counting effects per idempotency key, and a worker in this process:
+in a process of its own, honouring no idempotency key and recording every request it receives per
+key, and a worker in this process:
 
 - a Temporal reset of several finished runs back to their first workflow task: the reruns ask the
   ledger, get the recorded results, and nobody asks the billing service again;
@@ -34,6 +35,7 @@ from temporalio.testing import WorkflowEnvironment
 from examples.billing.client import BillingClient
 from ledger import AlreadySettledError, FailureKind, Ledger, Status, ToolExecutionRecord
 from onceflow.agents import AgentRegistry, build_registry
+from onceflow.drill.sends import Reruns, Sends, judge_sends, reruns_by_key
 from onceflow.payloads import AgentRunResult, Phase, ResolveSignal, SettleInput, SettleResult, ToolOutcome
 from tests.support.fault_tools import AFTER_ANSWER, BEFORE_SEND, ZOMBIES
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
@@ -150,14 +152,26 @@ def without_events(record: ToolExecutionRecord) -> dict[str, Any]:
     return record.model_dump(exclude={"events"})
 
 
+async def credit_requests(billing: BillingClient, keys: list[str]) -> dict[str, int]:
+    """Credit requests billing received per key, counted on arrival, whatever it made of them."""
+    received = await billing.received_counts()
+    return {key: received.count(key) for key in keys}
+
+
+async def order_reads(billing: BillingClient, orders: list[str]) -> dict[str, int]:
+    """Order lookups billing received per order."""
+    return {order: (await billing.received_counts("GET", f"/orders/{order}")).total for order in orders}
+
+
 # -- 5. a Temporal reset of finished runs to before their writes ---------------------------------------
 
 
 async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothing_again(
-    harness: Harness, billing: BillingClient, proxy: DroppingProxy
+    harness: Harness, billing: BillingClient
 ) -> None:
     client = harness.client
-    handles = [await harness.start("two-credits", order_input(new_order())) for _ in range(4)]
+    orders = [new_order() for _ in range(4)]
+    handles = [await harness.start("two-credits", order_input(order)) for order in orders]
     firsts = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 30)
     keys = {h.id: [f"{h.id}:call_1_0", f"{h.id}:call_1_1"] for h in handles}
     every_key = [k for pair in keys.values() for k in pair]
@@ -165,8 +179,8 @@ async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothin
     assert all(r.status is Status.COMPLETED for r in recorded.values())
     effects = await billing.effects()
     assert {key: effects.count(key) for key in every_key} == dict.fromkeys(every_key, 1)
-    assert proxy.exactly("POST", "/credits") == len(every_key)
-    assert proxy.requests("GET", "/orders") == len(handles)
+    assert await credit_requests(billing, every_key) == dict.fromkeys(every_key, 1)
+    assert await order_reads(billing, orders) == dict.fromkeys(orders, 1)
 
     # Reset each finished run to its very first workflow task: before every activity it ran.
     resets: list[RunHandle] = []
@@ -188,8 +202,8 @@ async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothin
     seconds = await asyncio.wait_for(asyncio.gather(*(h.result() for h in resets)), 30)
 
     # Nobody asked the billing service for a credit again; the reads did run again.
-    assert proxy.exactly("POST", "/credits") == len(every_key)
-    assert proxy.requests("GET", "/orders") == 2 * len(handles)
+    assert await credit_requests(billing, every_key) == dict.fromkeys(every_key, 1)
+    assert await order_reads(billing, orders) == dict.fromkeys(orders, 2)
     effects = await billing.effects()
     assert {key: effects.count(key) for key in every_key} == dict.fromkeys(every_key, 1)
     for first, second, reset in zip(firsts, seconds, resets, strict=True):
@@ -212,6 +226,50 @@ async def test_resetting_finished_runs_to_their_first_workflow_task_sends_nothin
         assert without_events(after) == without_events(before)
         assert after.events[: len(before.events)] == before.events
         assert all(e.to_status is None for e in after.events[len(before.events) :])
+
+
+async def test_a_reset_resends_only_the_call_that_was_not_attempted_and_the_count_allows_just_that(
+    harness: Harness, billing: BillingClient
+) -> None:
+    # Billing refuses the first credit at the door (423): the ledger says failed, not attempted.
+    order = new_order()
+    await billing.set_account_fault(account_of(order), "locked", times=1)
+    handle = await harness.start("credit-by-operator", order_input(order))
+    await asyncio.wait_for(handle.result(), 30)
+    key = f"{handle.id}:call_1_0"
+    first = await harness.ledger.get(key)
+    assert (first.status, first.failure_kind, first.attempt) == (Status.FAILED, FailureKind.NOT_ATTEMPTED, 1)
+
+    # A reset replays the run: the same call, the same key, reserved again out of `failed`.
+    first_run_id = handle.result_run_id
+    assert first_run_id is not None
+    events = await history_events(harness.client, handle.id, first_run_id)
+    new_run_id = await reset_run(
+        harness.client, handle.id, first_run_id, workflow_task_completed_after(events, 0), "test: again"
+    )
+    again = harness.client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=new_run_id)
+    await asyncio.wait_for(again.result(), 30)
+    record = await harness.ledger.get(key)
+    assert (record.status, record.attempt) == (Status.COMPLETED, 2)
+
+    # Billing received the key twice, refused then applied; the drill's rule allows exactly that.
+    sent = [(r.outcome, r.status_code) for r in (await billing.received(key)).requests]
+    assert sent == [("refused", 423), ("applied", 201)]
+    history = [
+        {
+            "key": key,
+            "kind": e.kind,
+            "from_status": e.from_status,
+            "to_status": e.to_status,
+            "reason": e.reason,
+        }
+        for e in record.events
+    ]
+    reruns = reruns_by_key(history)
+    assert reruns == {key: Reruns(after_not_attempted=1)}
+    assert judge_sends(len(sent), reruns[key]) == Sends(received=2, legit_resends=1, extra=0)
+    # One more request would be a key sent twice.
+    assert judge_sends(3, reruns[key]).extra == 1
 
 
 def _completed_outcome(client: Client, closed: Any) -> ToolOutcome:
@@ -247,6 +305,7 @@ async def _paused_runs(harness: Harness, billing: BillingClient, count: int) -> 
     await eventually(all_paused, f"{count} runs to pause on an unknown credit")
     effects = await billing.effects()
     assert [effects.count(key) for _, key in runs] == [1] * count
+    assert await credit_requests(billing, [key for _, key in runs]) == {key: 1 for _, key in runs}
     return runs
 
 
@@ -348,6 +407,7 @@ async def test_two_operators_racing_resolve_signals_one_wins_and_the_run_acts_on
         assert (winner.outcome.status, winner.refused) == (record.status, None)
         _check_loser_refused(harness.client, attempts[loser], record)
         # Whoever lost, nothing was sent again.
+        assert (await billing.received(key)).received == 1
         assert (await billing.effects()).count(key) == 1
     assert sum(winners.values()) == len(runs)
 
@@ -375,6 +435,7 @@ async def test_an_operator_signal_racing_a_direct_settle_one_wins_and_the_run_ac
             assert (bobs.settled_by, bobs.settled_at) == ("signal:op-alice", record.settled_at)
         else:
             assert isinstance(bobs, ToolExecutionRecord), bobs
+        assert (await billing.received(key)).received == 1
         assert (await billing.effects()).count(key) == 1
 
 
@@ -462,6 +523,10 @@ async def test_a_zombie_attempts_outcome_after_its_call_was_settled_is_recorded_
     assert ignored.detail["reported"] == reported
     assert ZOMBIES.cancellations_ignored[key] >= 1  # it really outlived its own timeout
     credit = await billing.find_credit(key)
+    # The zombie's one request is the only one billing ever received for the key: applied before
+    # the call was settled, or refused by the fence after it.
+    sent = [(r.outcome, r.status_code) for r in (await billing.received(key)).requests]
+    assert sent == ([("applied", 201)] if settled_as is Status.COMPLETED else [("refused", 409)])
     if settled_as is Status.COMPLETED:
         assert ignored.detail["result"] == settled.result == credit
         assert effects_when_settled == (await billing.effects()).count(key) == 1

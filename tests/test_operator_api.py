@@ -183,7 +183,7 @@ async def test_resolve_settles_a_paused_run_with_the_operator_on_record(operator
     )
     settled = [e for e in record.events if e.kind == "settled"]
     assert [(e.actor, e.reason) for e in settled] == [("operator:alice", "found in the billing console")]
-    assert DOWNSTREAM.effects[key] == 1
+    assert DOWNSTREAM.received[key] == DOWNSTREAM.effects[key] == 1
 
 
 async def test_two_operators_racing_to_resolve_one_wins_and_the_other_is_told_who(
@@ -292,7 +292,7 @@ async def test_an_approved_call_is_sent_once_and_a_denied_one_never(operator_api
 
     approved_result = await asyncio.wait_for(approved.result(), 20)
     denied_result = await asyncio.wait_for(denied.result(), 20)
-    assert DOWNSTREAM.effects == {approved_key: 1}
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {approved_key: 1}
     assert DOWNSTREAM.send_attempts == 1
     record = await operator_api.ledger.get(approved_key)
     assert record.status is Status.COMPLETED
@@ -489,4 +489,4 @@ async def test_an_approval_that_lands_before_the_run_starts_waiting_is_not_lost(
             assert (await acme.post(f"/v1/tool-executions/{key}/approve", json={})).status_code == 200
             result = await asyncio.wait_for(handle.result(), 20)  # the deadline is a day away
             assert result.calls[-1].status == "completed"
-            assert DOWNSTREAM.effects[key] == 1
+            assert DOWNSTREAM.received[key] == DOWNSTREAM.effects[key] == 1

@@ -1,8 +1,9 @@
 """Crash drills: real worker processes (`python worker.py`) SIGKILLed at chosen instructions.
 
-The billing service runs in a process of its own, so its count of effects per key survives every
-kill. After each kill a fresh worker process takes over; the run finishes, no key takes effect twice,
-and the ledger agrees with the billing service.
+The billing service runs in a process of its own, honours no idempotency key and records every
+request it receives, so its count of requests per key survives every kill and hides no second send.
+After each kill a fresh worker process takes over; the run finishes, no key is sent twice, and the
+ledger agrees with the billing service.
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ class Drill:
             status = await handle.query(AgentRunWorkflow.status)
             pytest.fail(f"run {handle.id} did not finish: {status}\n{self.processes.logs_text()}")
 
+    async def sent(self, key: str) -> int:
+        """Credit requests billing received with `key`, counted on arrival."""
+        return (await self.billing.received(key)).received
+
     async def row_is(self, key: str, status: Status) -> bool:
         record = await self.ledger.find(key)
         return record is not None and record.status is status
@@ -146,7 +151,7 @@ async def test_killed_before_reserving_leaves_no_row_and_the_next_worker_sends_o
     await drill.wait_for(held_in_lookup, "the lookup to be held")
     drill.kill(first)
     assert await drill.ledger.find(key) is None
-    assert (await drill.billing.effects()).count(key) == 0
+    assert await drill.sent(key) == 0
 
     drill.release(HOLD_LOOKUP)
     second = drill.start_worker()
@@ -154,6 +159,7 @@ async def test_killed_before_reserving_leaves_no_row_and_the_next_worker_sends_o
 
     record = await drill.ledger.get(key)
     credit = await drill.billing.find_credit(key)
+    assert await drill.sent(key) == 1
     assert (await drill.billing.effects()).count(key) == 1
     assert record.status is Status.COMPLETED
     assert record.attempt == 1
@@ -188,12 +194,14 @@ async def test_killed_after_reserving_before_sending_is_reconciled_as_not_applie
     ]
     assert result.calls[-1].key == key
     assert result.calls[-1].status == "failed"
-    # The service agrees nothing landed, and its fence keeps it that way.
+    # Nothing was sent, the service agrees nothing landed, and its fence keeps it that way.
+    assert await drill.sent(key) == 0
     assert (await drill.billing.effects()).count(key) == 0
     assert await drill.billing.find_credit(key) is None
     with pytest.raises(BillingConflict):
         await drill.billing.credit(drill.account, 1000, idempotency_key=key)
     assert (await drill.billing.effects()).count(key) == 0
+    assert [r.outcome for r in (await drill.billing.received(key)).requests] == ["refused"]
 
 
 async def test_killed_after_the_downstream_applied_is_reconciled_as_completed_once(drill: Drill) -> None:
@@ -213,6 +221,7 @@ async def test_killed_after_the_downstream_applied_is_reconciled_as_completed_on
 
     record = await drill.ledger.get(key)
     credit = await drill.billing.find_credit(key)
+    assert await drill.sent(key) == 1
     assert (await drill.billing.effects()).count(key) == 1
     assert record.status is Status.COMPLETED
     assert record.settled_by == "reconciler"

@@ -20,7 +20,15 @@ from urllib.parse import quote
 
 import httpx
 
-from examples.billing.models import Credit, Effect, Effects, FaultMode, Order
+from examples.billing.models import (
+    Credit,
+    Effect,
+    Effects,
+    FaultMode,
+    Order,
+    ReceivedByKey,
+    ReceivedCounts,
+)
 
 
 class BillingError(Exception):
@@ -131,6 +139,12 @@ class BillingClient:
         _raise_for_status(response)
         return bool(response.json().get("ok"))
 
+    async def dedups(self) -> bool:
+        """Whether the service honours idempotency keys (False when started with `--no-dedup`)."""
+        response = await self._http.get("/health")
+        _raise_for_status(response)
+        return bool(response.json().get("dedup", True))
+
     async def get_order(self, order_id: str) -> Order:
         """The order; BillingNotFound for an id not of the form `ord_<suffix>`."""
         response = await self._http.get(f"/orders/{_segment(order_id)}")
@@ -198,6 +212,24 @@ class BillingClient:
         response = await self._http.get(f"/effects/{_segment(idempotency_key)}")
         _raise_for_status(response)
         return Effect.model_validate(response.json())
+
+    async def received(self, idempotency_key: str) -> ReceivedByKey:
+        """Every request that arrived with this key, whatever the service made of it, oldest first."""
+        response = await self._http.get(f"/requests/by-key/{_segment(idempotency_key)}")
+        _raise_for_status(response)
+        return ReceivedByKey.model_validate(response.json())
+
+    async def received_counts(
+        self, method: str | None = "POST", path: str | None = "/credits", *, prefix: str | None = None
+    ) -> ReceivedCounts:
+        """Requests received per key; by default credit requests (`POST /credits`):
+        `(await c.received_counts()).count(key)`. Pass `method=None, path=None` for every request."""
+        params = {
+            name: value for name, value in (("method", method), ("path", path), ("prefix", prefix)) if value
+        }
+        response = await self._http.get("/requests", params=params)
+        _raise_for_status(response)
+        return ReceivedCounts.model_validate(response.json())
 
     async def set_account_fault(
         self,

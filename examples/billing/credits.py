@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from examples.billing.faults import FAULT_DELAY_HEADER, FAULT_HEADER, Fault, FaultBook
 from examples.billing.models import Credit, CreditRequest, FaultMode
 from examples.billing.problems import Problem
+from examples.billing.received import mark_unanswered, received_id
 from examples.billing.serving import ABORT_EXTENSION
 from examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced, RecordedAnswer
 
@@ -69,7 +70,10 @@ async def create_credit(
     fault_mode: Annotated[FaultMode | None, Header(alias=FAULT_HEADER)] = None,
     fault_delay: Annotated[float | None, Header(alias=FAULT_DELAY_HEADER, ge=0)] = None,
 ) -> Response:
-    """Apply a credit once per Idempotency-Key; the same key and body replays the first answer."""
+    """Apply a credit once per Idempotency-Key; the same key and body replays the first answer.
+
+    With dedup off (`--no-dedup`) nothing is replayed: every request applies a new credit.
+    """
     key = require_key(idempotency_key)
     # A replay never meets a fault: the effect already happened, and a payment API answers it from
     # its record. Only new keys reach the fault (and spend one of an account fault's `times`).
@@ -88,7 +92,7 @@ async def create_credit(
         )
         await _before_apply(fault)
     try:
-        answer = state.store.apply_credit(key, body)
+        answer = state.store.apply_credit(key, body, received_id(request))
     except IdempotencyConflict:
         raise _conflict(key) from None
     except KeyFenced:
@@ -166,6 +170,7 @@ async def _after_apply(fault: Fault, request: Request) -> None:
             # Served without serving.py's protocol: no clean way to drop, so hang instead.
             await asyncio.sleep(fault.delay_seconds)
             return
+        mark_unanswered(request)
         abort()
         # Wait until the server has seen the connection go, so the response returned afterwards is
         # discarded quietly instead of being written to a closed socket.

@@ -115,3 +115,47 @@ class Effect(BaseModel):
     key: str
     applied: int
     voided: bool
+
+
+class ReceivedRequest(BaseModel):
+    """One request as the service received it, before deciding anything about it.
+
+    `outcome` is derived: `applied` (a credit was applied for it), `answered` (a success that applied
+    nothing, e.g. a replay or a read), `refused` (an error answer), `unanswered` (no answer left: the
+    connection was dropped, or the service died first).
+    """
+
+    method: str
+    path: str
+    idempotency_key: str | None
+    received_at: datetime
+    applied: bool
+    status_code: int | None
+
+    @property
+    def outcome(self) -> str:
+        if self.applied:
+            return "applied"
+        if self.status_code is None:
+            return "unanswered"
+        return "answered" if self.status_code < 400 else "refused"
+
+
+class ReceivedByKey(BaseModel):
+    """`GET /requests/by-key/{key}`: every request that carried the key, oldest first."""
+
+    key: str
+    received: int
+    requests: list[ReceivedRequest]
+
+
+class ReceivedCounts(BaseModel):
+    """`GET /requests`: requests received per Idempotency-Key, those without one, and the sum."""
+
+    counts: dict[str, int]
+    keyless: int
+    total: int
+
+    def count(self, idempotency_key: str) -> int:
+        """Requests received with this key (0 when none arrived)."""
+        return self.counts.get(idempotency_key, 0)

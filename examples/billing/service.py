@@ -1,9 +1,11 @@
 """The example billing service: a small payment-style API that honours idempotency keys.
 
 It is the world onceflow's example tools change, and it misbehaves on cue (see faults.py) so tests
-and demos can lose responses after the money moved. Run it with
+and demos can lose responses after the money moved. It writes down every request it receives, with
+its Idempotency-Key, before deciding anything (received.py). `--no-dedup` makes it honour no key at
+all, as many real APIs don't: every credit request applies a new credit. Run it with
 
-    python -m examples.billing.service --host 127.0.0.1 --port 8081 [--db PATH]
+    python -m examples.billing.service --host 127.0.0.1 --port 8081 [--db PATH] [--no-dedup]
 
 Endpoints (JSON; errors are problem documents):
     GET    /health                              {"ok": true}
@@ -12,6 +14,7 @@ Endpoints (JSON; errors are problem documents):
     GET    /credits/by-key/{idempotency_key}    the credit for a key, or 404
     POST   /credits/{credit_id}/void            void once; repeats answer the same
     GET    /effects, /effects/{key}             how often each key really took effect
+    GET    /requests, /requests/by-key/{key}    requests received per key, before any dedup (received.py)
     GET    /faults; PUT, DELETE /faults/accounts/{account_id}; DELETE /faults
 """
 
@@ -24,7 +27,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import APIRouter, FastAPI, Response
 
-from examples.billing import credits
+from examples.billing import credits, received
 from examples.billing.credits import BillingState, State
 from examples.billing.models import AccountFault, Effect, Effects, FaultSpec, Order, seeded_order
 from examples.billing.problems import Problem, install_problem_handlers
@@ -34,15 +37,16 @@ from examples.billing.store import BillingStore
 router = APIRouter(tags=["service"])
 
 
-def create_app(store_path: str | None = None) -> FastAPI:
+def create_app(store_path: str | None = None, *, dedup: bool = True) -> FastAPI:
     """The billing service. `store_path` is an SQLite file that outlives restarts; None keeps it in memory.
 
-    The store opens when the app starts serving and closes when it stops, so create one app per run.
+    `dedup=False`: honour no Idempotency-Key (every credit request applies). The store opens when
+    the app starts serving and closes when it stops, so create one app per run.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = BillingStore(store_path)
+        store = BillingStore(store_path, dedup=dedup)
         app.state.billing = BillingState(store)
         try:
             yield
@@ -52,14 +56,16 @@ def create_app(store_path: str | None = None) -> FastAPI:
     app = FastAPI(title="Example billing service", version="1", lifespan=lifespan)
     install_problem_handlers(app)
     app.include_router(credits.router)
+    app.include_router(received.router)
     app.include_router(router)
+    app.add_middleware(received.ReceivingMiddleware)
     return app
 
 
 @router.get("/health")
-async def health() -> dict[str, bool]:
-    """Liveness: answers as soon as the service serves."""
-    return {"ok": True}
+async def health(state: State) -> dict[str, bool]:
+    """Liveness: answers as soon as the service serves; `dedup` says whether keys are honoured."""
+    return {"ok": True, "dedup": state.store.dedup}
 
 
 @router.get("/orders/{order_id}", response_model=Order)
@@ -120,8 +126,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8081)
     parser.add_argument("--db", metavar="PATH", help="SQLite file kept across restarts (default: in memory)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--no-dedup",
+        action="store_true",
+        help="honour no Idempotency-Key: every POST /credits applies a new credit (requests are still recorded)",
+    )
     args = parser.parse_args(argv)
-    config = uvicorn_config(create_app(args.db), host=args.host, port=args.port, log_level=args.log_level)
+    app = create_app(args.db, dedup=not args.no_dedup)
+    config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level)
     uvicorn.Server(config).run()
 
 

@@ -15,7 +15,8 @@ def run_from_cli(config: DrillConfig) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     print(
         f"drill: {config.runs} runs, seed {config.seed}, {config.workers} workers, "
-        f"{config.concurrency} in flight, random kills {'on' if config.random_kills else 'off'}",
+        f"{config.concurrency} in flight, random kills {'on' if config.random_kills else 'off'}, "
+        f"planned kills {'on' if config.planned_kills else 'off'}",
         flush=True,
     )
     report = asyncio.run(run_drill(config))

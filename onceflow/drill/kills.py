@@ -30,8 +30,11 @@ _STATUS_AT = {
     KillPoint.AFTER_ANSWER: Status.STARTED,
     KillPoint.RECONCILE: Status.INDETERMINATE,
 }
-# Effects the billing service must show for the key at the moment of the kill (None: either).
+# Credit requests billing must have received for the key, and effects it must show, at the kill.
+_RECEIVED_AT = {KillPoint.BEFORE_SEND: 0, KillPoint.AFTER_ANSWER: 1}
 _EFFECTS_AT = {KillPoint.BEFORE_SEND: 0, KillPoint.AFTER_ANSWER: 1}
+
+Facts = tuple[Status | None, int | None, int | None]  # ledger status, effects, requests received
 
 
 @dataclass
@@ -97,12 +100,28 @@ class Killer:
             mark_done(path)
             return
         ready = await self._downstream_holds(held) if held.point is KillPoint.DOWNSTREAM else True
-        before = await self._facts(held)
+        # Points the same worker holds and sleeps at (all but `downstream`, which is only announced)
+        # are hit by this kill too: judge them as well, with their facts from before and after it.
+        also = [
+            (other_path, other)
+            for other_path, other in read_held(self.markers)
+            if other.pid == held.pid and other_path != path and other.point is not KillPoint.DOWNSTREAM
+        ]
+        targets = [(path, held), *also]
+        before = [await self._facts(h) for _, h in targets]
         pid = await self._kill_and_replace([slot], "planned")
-        after = await self._facts(held)
-        hit = self._judge(held, alive=pid is not None, ready=ready, before=before, after=after)
-        self.kills[-1].hits.append(hit)
-        mark_done(path)
+        for (target_path, target), facts in zip(targets, before, strict=True):
+            after = await self._facts(target)
+            is_aimed = target_path == path
+            hit = self._judge(
+                target, alive=pid is not None, ready=ready or not is_aimed, before=facts, after=after
+            )
+            if not is_aimed:
+                hit.note = "; ".join(
+                    filter(None, ["held by the same worker, killed for another point", hit.note])
+                )
+            self.kills[-1].hits.append(hit)
+            mark_done(target_path)
         self._take_other_holds(held.pid, self.kills[-1], exclude=path)
 
     async def _downstream_holds(self, held: Held) -> bool:
@@ -124,12 +143,13 @@ class Killer:
         response.raise_for_status()
         return any(fault["account_id"] == account_id for fault in response.json())
 
-    async def _facts(self, held: Held) -> tuple[Status | None, int | None]:
+    async def _facts(self, held: Held) -> Facts:
         if held.key is None:
-            return None, None
+            return None, None, None
         record = await self.ledger.find(held.key)
         effects = (await self.billing.effects()).count(held.key)
-        return (record.status if record else None), effects
+        received = (await self.billing.received(held.key)).received
+        return (record.status if record else None), effects, received
 
     def _judge(
         self,
@@ -137,8 +157,8 @@ class Killer:
         *,
         alive: bool,
         ready: bool,
-        before: tuple[Status | None, int | None],
-        after: tuple[Status | None, int | None],
+        before: Facts,
+        after: Facts,
     ) -> PointHit:
         problems = []
         if not alive:
@@ -151,6 +171,9 @@ class Killer:
         effects = _EFFECTS_AT.get(held.point)
         if effects is not None and before[1] != effects:
             problems.append(f"billing showed {before[1]} effects, not {effects}")
+        received = _RECEIVED_AT.get(held.point)
+        if received is not None and before[2] != received:
+            problems.append(f"billing had received {before[2]} requests for the key, not {received}")
         return PointHit(held.point, held.run_id, held.key, verified=not problems, note="; ".join(problems))
 
     # -- at random --------------------------------------------------------------------------------

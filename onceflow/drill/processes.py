@@ -57,8 +57,12 @@ class WorkerSlot:
 class DrillProcesses:
     """Start with `await start()`; `stop()` ends everything still running (also after a failure)."""
 
-    def __init__(self, run_dir: Path, agents_path: Path, markers: Path, workers: int = 2) -> None:
+    def __init__(
+        self, run_dir: Path, agents_path: Path, markers: Path, workers: int = 2, *, sabotage: bool = False
+    ) -> None:
         self.run_dir = run_dir
+        # Tests of the drill only: start the broken worker of sabotage.py instead of worker.py.
+        self.worker_command = ["-m", "onceflow.drill.sabotage"] if sabotage else ["worker.py"]
         self.logs = run_dir / "logs"
         self.agents_path = agents_path
         self.markers = markers
@@ -69,6 +73,11 @@ class DrillProcesses:
         self._temporal: subprocess.Popen[bytes] | None = None
         self._billing: subprocess.Popen[bytes] | None = None
         self._postgres: EmbeddedPostgres | None = None
+
+    @property
+    def billing_db(self) -> Path:
+        """The billing service's SQLite file: its credits and every request it received."""
+        return self.run_dir / "billing.sqlite3"
 
     async def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -81,7 +90,9 @@ class DrillProcesses:
         billing_port = free_port()
         self.billing_url = f"http://127.0.0.1:{billing_port}"
         billing = [sys.executable, "-m", "examples.billing.service", "--port", str(billing_port)]
-        billing += ["--db", str(self.run_dir / "billing.sqlite3"), "--log-level", "warning"]
+        billing += ["--db", str(self.billing_db), "--log-level", "warning"]
+        # Honour no key: a key sent twice applies twice, and every request is counted on arrival.
+        billing += ["--no-dedup"]
         self._billing = self._spawn("billing", billing)
         await self._wait_for_temporal()
         await self._wait_for_billing()
@@ -124,7 +135,7 @@ class DrillProcesses:
     def start_worker(self, slot: WorkerSlot) -> None:
         slot.incarnation += 1
         name = f"{slot.name}-{slot.incarnation}"
-        slot.process = self._spawn(name, [sys.executable, "worker.py"], self.worker_environment())
+        slot.process = self._spawn(name, [sys.executable, *self.worker_command], self.worker_environment())
         slot.pids.append(slot.process.pid)
 
     def slot_of(self, pid: int) -> WorkerSlot | None:

@@ -1,6 +1,12 @@
 """After the drill: compare the ledger, the billing service and the runs, and say what held.
 
-Invariants (each must hold for the drill to pass):
+The headline is counted at the receiver: billing records every credit request on arrival, before
+any dedup, and the drill runs it with `--no-dedup`, so a key onceflow sent twice shows twice
+(sends.py). Invariants (each must hold for the drill to pass, and each can fail):
+- no_key_sent_more_than_once: billing received no key's credit request more than once, except one
+  more per re-reservation after a definite "not attempted" failure (counted apart as legit re-sends).
+- no_request_without_ledger_record: every credit request billing received carries a key the ledger
+  reserved.
 - one_ledger_record_per_write_call: every write call a run reached has exactly one ledger record (a
   completed run reached all of them); no record exists for anything else.
 - at_most_one_effect_per_key: billing applied no key twice.
@@ -27,9 +33,10 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from examples.billing.client import BillingClient
-from ledger import Ledger, Status
+from ledger import FailureKind, Ledger, Status
 from onceflow.drill.points import KillPoint, still_armed
 from onceflow.drill.scenario import TENANT, WRITE_CALLS, PlannedRun
+from onceflow.drill.sends import EVENTS, Reruns, judge_sends, reruns_by_key
 from onceflow.payloads import AgentRunResult
 from workflows.reconcile import reconcile_workflow_id
 
@@ -39,12 +46,14 @@ if TYPE_CHECKING:
 
 # Read-only: what the ledger holds for the drill's tenant (the ledger API reads one key at a time).
 _ROWS = """
-SELECT key, run_id, tool_call_id, status, failure_kind, settled_by
+SELECT key, run_id, tool_call_id, status, failure_kind, settled_by, attempt
 FROM tool_executions WHERE tenant = $1
 """
 
 
 CHECKED_BY_RECORDS = (
+    "no_key_sent_more_than_once",
+    "no_request_without_ledger_record",
     "one_ledger_record_per_write_call",
     "at_most_one_effect_per_key",
     "completed_calls_took_effect_once",
@@ -63,6 +72,16 @@ class RunEnd:
     result: AgentRunResult | None = None
 
 
+@dataclass(frozen=True)
+class Downstream:
+    """What billing and the ledger's history say per key: credits applied, credit requests received,
+    and re-reservations after failures."""
+
+    effects: Mapping[str, int]
+    received: Mapping[str, int]
+    reruns: Mapping[str, Reruns] = field(default_factory=dict)
+
+
 @dataclass
 class CallCheck:
     key: str
@@ -71,6 +90,9 @@ class CallCheck:
     effects: int
     run_says: str | None = None
     settled_by: str | None = None
+    received: int = 0  # credit requests billing received with this key
+    legit_resends: int = 0  # of those, re-sends after a "not attempted" failure
+    extra_sends: int = 0  # of those, re-sends nothing allows
 
 
 @dataclass
@@ -105,6 +127,7 @@ class DrillReport:
     never_reached: list[str]
     notes: list[str]
     problems: list[str]
+    receiver: dict[str, Any] = field(default_factory=dict)  # how billing was run (dedup or not)
     teardown_seconds: float = 0.0  # stopping the processes, after the checks
 
     @property
@@ -119,10 +142,10 @@ class DrillReport:
         path.write_text(json.dumps(self.to_json(), indent=2, default=str))
 
     def text(self) -> str:
-        lines = ["run                 planned        outcome     calls (ledger status/effects)"]
+        lines = ["run                 planned        outcome     calls (ledger status/received/effects)"]
         for run in self.runs:
             calls = "  ".join(
-                f"{c.key.rsplit(':', 1)[1]} {c.status or '-'}/{c.effects}"
+                f"{c.key.rsplit(':', 1)[1]} {c.status or '-'}/{c.received}/{c.effects}"
                 + ("" if c.records <= 1 else f" x{c.records}")
                 for c in run.calls
             )
@@ -134,6 +157,9 @@ class DrillReport:
             lines.append(
                 f"  {point:<18} {counts['planned']:>18}  {counts['unconfirmed']:>20}  {counts['random']:>6}"
             )
+        lines.append(f"receiver: {'dedups by key' if self.receiver.get('dedup') else 'honours no key'}")
+        if self.command.get("sabotage"):
+            lines.append("SABOTAGED: the workers send a write again after its timeout (a test of the drill)")
         for name, value in self.totals.items():
             lines.append(f"{name}: {value}")
         for item in self.unresolved:
@@ -152,7 +178,7 @@ class DrillReport:
 
 
 def check_run(
-    plan: PlannedRun, end: RunEnd | None, rows: Sequence[Mapping[str, Any]], effects: Mapping[str, int]
+    plan: PlannedRun, end: RunEnd | None, rows: Sequence[Mapping[str, Any]], downstream: Downstream
 ) -> RunCheck:
     by_call = Counter(row["tool_call_id"] for row in rows)
     row_of = {row["tool_call_id"]: row for row in rows}
@@ -171,15 +197,35 @@ def check_run(
         key = f"{plan.run_id}:{call}"
         row = row_of.get(call)
         status = row["status"] if row else None
+        sends = judge_sends(downstream.received.get(key, 0), downstream.reruns.get(key))
         found = CallCheck(
             key,
             by_call[call],
             status,
-            effects.get(key, 0),
+            downstream.effects.get(key, 0),
             says.get(call),
             row["settled_by"] if row else None,
+            received=sends.received,
+            legit_resends=sends.legit_resends,
+            extra_sends=sends.extra,
         )
         check.calls.append(found)
+        if found.extra_sends:
+            flag(
+                "no_key_sent_more_than_once",
+                f"{key}: billing received it {found.received} times"
+                f" ({found.legit_resends} re-sends after not-attempted allowed)",
+            )
+        reruns = downstream.reruns.get(key, Reruns())
+        if row and row.get("attempt", 1) - 1 != reruns.after_not_attempted + reruns.after_other_failure:
+            # The events must explain every re-reservation, or re-sends cannot be told apart.
+            flag(
+                "no_key_sent_more_than_once",
+                f"{key}: attempt {row['attempt']}, yet its events show "
+                f"{reruns.after_not_attempted + reruns.after_other_failure} re-reservations",
+            )
+        if found.received and status is None:
+            flag("no_request_without_ledger_record", f"{key}: sent without a ledger record")
         if found.records > 1:
             flag("one_ledger_record_per_write_call", f"{key}: {found.records} ledger records")
         if found.records == 0 and outcome == "completed":
@@ -231,18 +277,29 @@ async def collect_report(
     conn = await asyncpg.connect(database_url)
     try:
         rows = await conn.fetch(_ROWS, TENANT)
+        events = await conn.fetch(EVENTS, TENANT)
     finally:
         await conn.close()
     effects = (await billing.effects()).effects
+    received = await billing.received_counts("POST", "/credits")
+    downstream = Downstream(effects, received.counts, reruns_by_key(dict(e) for e in events))
     rows_by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         rows_by_run[row["run_id"]].append(dict(row))
-    runs = [check_run(plan, ends.get(plan.run_id), rows_by_run[plan.run_id], effects) for plan in plans]
+    runs = [check_run(plan, ends.get(plan.run_id), rows_by_run[plan.run_id], downstream) for plan in plans]
 
     problems = [p for run in runs for p in run.problems]
     known = {row["key"] for row in rows}
+    planned_keys = {key for plan in plans for key in plan.keys()}
     strays = sorted(key for key in effects if key not in known)
     problems += [f"no_effect_without_ledger_record: {key}: applied, unknown to the ledger" for key in strays]
+    unknown_sends = sorted(key for key in received.counts if key not in known and key not in planned_keys)
+    problems += [
+        f"no_request_without_ledger_record: {key}: received {received.count(key)} times, unknown to the ledger"
+        for key in unknown_sends
+    ]
+    if received.keyless:
+        problems.append(f"no_request_without_ledger_record: {received.keyless} credit requests without a key")
     unresolved = [
         await _explain(row["key"], row["status"], ledger, client)
         for row in rows
@@ -268,19 +325,31 @@ async def collect_report(
     invariants["at_most_one_effect_per_key"] = invariants["at_most_one_effect_per_key"] and all(
         n <= 1 for n in effects.values()
     )
-    covered = len(plans) >= len(KillPoint)  # fewer runs than points cannot plan every point
+    # Fewer runs than points cannot plan every point; with planned kills off, none is armed.
+    covered = config.planned_kills and len(plans) >= len(KillPoint)
     missed = [point for point, counts in per_point.items() if counts["planned"] < 1 and covered]
     invariants["every_kill_point_hit_on_purpose"] = not missed if covered else None
     problems += [f"every_kill_point_hit_on_purpose: {point}: no confirmed planned kill" for point in missed]
     outcomes = Counter(run.outcome for run in runs)
+    reached = [c for c in all_calls if c.records or c.received]
     totals = {
         "runs": len(plans),
+        "runs_lost": len(plans) - outcomes["completed"] - outcomes["waiting"],
+        # The headline, counted at the receiver: goal 0.
+        "keys_sent_more_than_once": sum(1 for c in all_calls if c.extra_sends)
+        + sum(1 for key in unknown_sends if received.count(key) > 1),
+        "legit_resends_after_not_attempted": sum(c.legit_resends for c in all_calls),
+        "ledger_records_per_call": round(len(rows) / len(reached), 3) if reached else None,
+        "credit_requests_received": received.total,
         "runs_completed": outcomes["completed"],
         "runs_waiting": outcomes["waiting"],
-        "runs_lost": len(plans) - outcomes["completed"] - outcomes["waiting"],
+        "write_calls_reached": len(reached),
         "write_calls_recorded": len(rows),
         "calls_completed": sum(1 for c in all_calls if c.status == Status.COMPLETED),
         "calls_failed": sum(1 for c in all_calls if c.status == Status.FAILED),
+        "calls_failed_not_attempted": sum(
+            1 for row in rows if row["failure_kind"] == FailureKind.NOT_ATTEMPTED
+        ),
         "calls_settled_by_reconciler": sum(1 for c in all_calls if c.settled_by == "reconciler"),
         "calls_left_unresolved": len(unresolved),
         "effects_total": sum(effects.values()),
@@ -296,7 +365,9 @@ async def collect_report(
         "workers": config.workers,
         "concurrency": config.concurrency,
         "random_kills": config.random_kills,
+        "planned_kills": config.planned_kills,
         "kill_interval": list(config.kill_interval),
+        "sabotage": config.sabotage,
     }
     return DrillReport(
         command=command,
@@ -311,4 +382,5 @@ async def collect_report(
         never_reached=never_reached,
         notes=killer.notes,
         problems=problems,
+        receiver={"dedup": await billing.dedups(), "url": killer.processes.billing_url},
     )

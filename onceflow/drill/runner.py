@@ -43,8 +43,11 @@ class DrillConfig:
     workers: int = 2
     concurrency: int = 8  # runs in flight at once
     random_kills: bool = True
+    planned_kills: bool = True  # arm the kill points (off: only faults, and random kills if on)
     kill_interval: tuple[float, float] = (3.0, 10.0)  # seconds between random kills
     timeout: float = 1800.0  # give up on runs still going this long after the drill started
+    # Tests of the drill only: workers that send a write again after its timeout (sabotage.py).
+    sabotage: bool = False
 
     def run_dir(self) -> Path:
         return self.data_dir.resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{self.seed}-runs{self.runs}"
@@ -72,7 +75,9 @@ class Drill:
         agents.write_text(AGENTS_YAML)
         markers = self.run_dir / "markers"
         markers.mkdir()
-        processes = DrillProcesses(self.run_dir, agents, markers, self.config.workers)
+        processes = DrillProcesses(
+            self.run_dir, agents, markers, self.config.workers, sabotage=self.config.sabotage
+        )
         started = time.monotonic()
         try:
             await processes.start()
@@ -158,7 +163,7 @@ class Drill:
     ) -> _Tracked:
         if plan.fault:
             await billing.set_account_fault(plan.account_id, plan.fault, delay_seconds=HANG_SECONDS, times=1)
-        if plan.point:
+        if plan.point and self.config.planned_kills:
             arm(markers, plan.run_id, plan.point, **plan.condition)
         handle = await start_run(
             client,

@@ -49,7 +49,8 @@ agents:
 MODEL_TURNS = 4
 WRITE_CALLS = ("call_1_0", "call_1_1", "call_2_1")
 
-# Every sixth run meets no planned point, only whatever random kills strike.
+# Every sixth run meets no planned point, only whatever random kills strike; billing refuses its
+# first credit at the door (423 locked), so the ledger records a definite "not attempted" failure.
 CYCLE: tuple[KillPoint | None, ...] = (*KillPoint, None)
 
 # Billing faults that keep the request inside the service (seconds): far beyond the tool's timeout,
@@ -94,5 +95,7 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
         elif run.point is KillPoint.RECONCILE:
             # The first credit applies and hangs past the tool's timeout: indeterminate, reconciled.
             run.fault = "apply_then_hang"
+        else:
+            run.fault = "locked"
         planned.append(run)
     return planned

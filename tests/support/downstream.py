@@ -1,5 +1,7 @@
-"""An in-process downstream for workflow tests: it counts effects per idempotency key and misbehaves
-on cue. It is the *tool's* far side, not a stand-in for Temporal or PostgreSQL (those are real)."""
+"""An in-process downstream for workflow tests: it counts requests and effects per idempotency key and
+misbehaves on cue. It is the *tool's* far side, not a stand-in for Temporal or PostgreSQL (those are
+real). Like many real APIs it honours no idempotency key: every credit request that is not refused
+applies again, so a key sent twice shows as two effects as well as two requests received."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from onceflow import (
 
 @dataclass
 class Downstream:
+    received: Counter[str] = field(default_factory=Counter)  # credit requests per key, refused or not
     effects: Counter[str] = field(default_factory=Counter)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Per account: "ok", "hang_after_apply", "reject", "locked"
@@ -39,13 +42,14 @@ class Downstream:
 
     async def credit(self, account_id: str, amount_cents: int, key: str) -> dict[str, Any]:
         self.send_attempts += 1
+        self.received[key] += 1
         mode = self.modes.get(account_id, "ok")
         if mode == "locked":
             raise ToolNotAttemptedError(f"account {account_id} is locked")
         if mode == "reject":
             raise ToolRejectedError(f"account {account_id} is closed")
-        if key not in self.results:  # honours the idempotency key like a payment API
-            self.effects[key] += 1
+        self.effects[key] += 1  # no dedup: a repeated key applies again
+        if key not in self.results:  # what the reconcile hook finds: the first credit for the key
             self.results[key] = {
                 "credit_id": f"cr_{len(self.results) + 1}",
                 "account_id": account_id,

@@ -68,14 +68,14 @@ class ChildProcesses:
                 self.kill(process)
 
 
-async def start_billing_service(processes: ChildProcesses, db: Path) -> str:
-    """The example billing service in its own process, with its records in `db`; returns its URL."""
+async def start_billing_service(processes: ChildProcesses, db: Path, *, dedup: bool = True) -> str:
+    """The example billing service in its own process, with its records in `db`; returns its URL.
+
+    `dedup=False` starts it with `--no-dedup`: it honours no idempotency key.
+    """
     port = free_port()
-    process = processes.start(
-        "billing",
-        ["-m", "examples.billing.service", "--port", str(port), "--db", str(db), "--log-level", "warning"],
-        dict(os.environ),
-    )
+    args = ["-m", "examples.billing.service", "--port", str(port), "--db", str(db), "--log-level", "warning"]
+    process = processes.start("billing", [*args] + ([] if dedup else ["--no-dedup"]), dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=url, timeout=1) as http:
         for _ in range(300):

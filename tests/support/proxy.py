@@ -1,10 +1,10 @@
 """A TCP proxy in front of the billing service that can lose every answer to a write.
 
-Workers talk to the billing service through it. It counts the writes (POST requests) it passes on,
-so a test can tell "the service replayed its first answer" from "nobody asked again". While
-`dropping` is set, a POST still reaches the service, which acts on it, but the answer is thrown away
-and the caller's connection is cut (RST): the caller cannot know whether anything happened.
-GET requests always pass, so reads keep working while writes go dark.
+Workers talk to the billing service through it. While `dropping` is set, a POST still reaches the
+service, which acts on it, but the answer is thrown away and the caller's connection is cut (RST):
+the caller cannot know whether anything happened. GET requests always pass, so reads keep working
+while writes go dark. It counts nothing: the billing service itself records every request it
+receives (`BillingClient.received`, `received_counts`), which is the one count tests use.
 
 Each connection is judged by its first request; the billing tools open a connection per call.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
 
 _CHUNK = 65536
 
@@ -24,24 +23,12 @@ class DroppingProxy:
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self.dropping = False
-        self.passed: Counter[str] = Counter()  # first request line's "METHOD /path" of each connection
-        self.dropped: Counter[str] = Counter()
 
     @property
     def url(self) -> str:
         assert self._server is not None, "start() first"
         port = self._server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}"
-
-    def exactly(self, method: str, path: str) -> int:
-        """Requests for exactly this method and path that reached the service, answered or not."""
-        line = f"{method} {path}"
-        return self.passed[line] + self.dropped[line]
-
-    def requests(self, method: str, path_prefix: str = "/") -> int:
-        """Requests that reached the service, answered or not, by method and path prefix."""
-        seen = self.passed + self.dropped
-        return sum(n for line, n in seen.items() if line.startswith(f"{method} {path_prefix}"))
 
     async def start(self) -> DroppingProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -78,8 +65,7 @@ class DroppingProxy:
         first = await reader.read(_CHUNK)
         if not first:
             return False
-        line = " ".join(first.split(b"\r\n", 1)[0].decode("latin-1").split(" ")[:2])
-        drop = self.dropping and line.startswith("POST ")
+        drop = self.dropping and first.startswith(b"POST ")
         up_reader, up_writer = await asyncio.open_connection(*self._upstream)
         try:
             up_writer.write(first)
@@ -88,9 +74,7 @@ class DroppingProxy:
                 if drop:
                     # Wait for the service to answer, which means it has acted; then lose the answer.
                     await up_reader.read(_CHUNK)
-                    self.dropped[line] += 1
                 else:
-                    self.passed[line] += 1
                     await _pump(up_reader, writer)
             finally:
                 forward.cancel()

@@ -23,7 +23,16 @@ OPERATOR_ENVIRONMENT = {
     "ONCEFLOW_API": "http://127.0.0.1:8082",
     "ONCEFLOW_TOKEN": "",  # a bearer token from `onceflow tokens create`
 }
-ALL_ENVIRONMENT = {**ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT}
+# Read by the worker only.
+WORKER_ENVIRONMENT = {
+    # Where the worker writes its heartbeat for `onceflow health` (the container health check);
+    # empty: no heartbeat.
+    "ONCEFLOW_HEALTH_FILE": "",
+    # Seconds a stopping worker (SIGTERM) waits for in-flight tool calls before it exits (the
+    # graceful shutdown of issue 11 reads it); docker-compose.yml's stop_grace_period is longer.
+    "ONCEFLOW_SHUTDOWN_GRACE": "60",
+}
+ALL_ENVIRONMENT = {**ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT, **WORKER_ENVIRONMENT}
 
 
 def env(name: str) -> str:
@@ -37,6 +46,7 @@ class Settings:
     task_queue: str
     database_url: str
     agents_path: str
+    health_file: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -46,4 +56,5 @@ class Settings:
             task_queue=env("ONCEFLOW_TASK_QUEUE"),
             database_url=env("ONCEFLOW_DATABASE_URL"),
             agents_path=env("ONCEFLOW_AGENTS"),
+            health_file=env("ONCEFLOW_HEALTH_FILE"),
         )

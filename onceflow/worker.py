@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import asyncpg
 from temporalio.client import Client
@@ -16,6 +18,7 @@ from ledger import Ledger, LedgerError, migrate
 from onceflow.agents import AgentConfigError, AgentRegistry, load_agents
 from onceflow.client import connect, ensure_search_attributes
 from onceflow.config import Settings
+from onceflow.health import keep_heartbeat
 from workflows import ALL_WORKFLOWS
 
 log = logging.getLogger("onceflow.worker")
@@ -56,6 +59,23 @@ async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[Agen
     return registry, ledger
 
 
+def check_configuration(settings: Settings) -> tuple[str | None, str]:
+    """(problem, summary) for `onceflow worker --check`: what the worker checks before it needs
+    Temporal or the database. The agents file loads, its toolsets import and every tool keeps the
+    contract (load_agents runs the contract check)."""
+    try:
+        registry = load_agents(settings.agents_path)
+    except AgentConfigError as exc:
+        return f"cannot start the worker: {exc}", ""
+    tools = registry.all_tools()
+    agents = ", ".join(sorted(registry.agents))
+    summary = (
+        f"{settings.agents_path}: {len(registry.agents)} agent(s) ({agents}), "
+        f"{len(tools)} tool(s), all keep the tool contract"
+    )
+    return None, summary
+
+
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
     registry, ledger = await open_agents_and_ledger(settings, "worker")
@@ -71,9 +91,25 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
             "worker on %s, task queue %s, agents: %s", settings.temporal_address, settings.task_queue, agents
         )
         async with worker:
-            await stop.wait()
+            heartbeat = _start_heartbeat(settings, client, ledger, worker)
+            try:
+                await stop.wait()
+            finally:
+                if heartbeat is not None:
+                    heartbeat.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await heartbeat
     finally:
         await ledger.close()
+
+
+def _start_heartbeat(
+    settings: Settings, client: Client, ledger: Ledger, worker: Worker
+) -> asyncio.Task[None] | None:
+    """The heartbeat `onceflow health` reads, when ONCEFLOW_HEALTH_FILE names a file."""
+    if not settings.health_file:
+        return None
+    return asyncio.create_task(keep_heartbeat(Path(settings.health_file), client, ledger, worker))
 
 
 def _stop_on_signals() -> asyncio.Event:

@@ -28,6 +28,7 @@ from ledger import Ledger
 log = logging.getLogger("onceflow.health")
 
 PROBE_INTERVAL = 10.0  # seconds between probes
+RETRY_INTERVAL = 2.0  # after a failed probe (also while the worker starts): look again sooner
 PROBE_TIMEOUT = 5.0  # a probe step slower than this counts as failed
 MAX_AGE = 30.0  # seconds since the last good probe before `onceflow health` fails
 
@@ -101,7 +102,7 @@ async def keep_heartbeat(
             else:
                 log.warning("health probe failed: %s", problem)
             write_heartbeat(path, Heartbeat(last_ok=last_ok, checked=now, problem=problem, pid=os.getpid()))
-            await asyncio.sleep(interval)
+            await asyncio.sleep(interval if problem is None else min(interval, RETRY_INTERVAL))
     finally:
         remove_heartbeat(path)
 

@@ -16,6 +16,7 @@ import importlib.util
 import re
 import sys
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -81,13 +82,14 @@ def declared() -> dict[str, frozenset[str]]:
 
 
 @cache
-def file_owners() -> dict[Path, str]:
-    """Every installed file -> the distribution that installed it."""
-    owners: dict[Path, str] = {}
-    for dist in importlib.metadata.distributions():
-        for file in dist.files or []:
-            owners[Path(str(dist.locate_file(file))).resolve()] = canonical(dist.metadata["Name"])
-    return owners
+def top_level_owners() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+@cache
+def files_of(dist: str) -> frozenset[Path]:
+    found = importlib.metadata.distribution(dist)
+    return frozenset(Path(str(found.locate_file(file))).resolve() for file in found.files or [])
 
 
 def distribution_of(module: str) -> str | None:
@@ -101,7 +103,13 @@ def distribution_of(module: str) -> str | None:
         spec = None
     if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
         return "<not installed>"
-    return file_owners().get(Path(spec.origin).resolve(), "<installed by no distribution>")
+    candidates = top_level_owners().get(top, [])
+    if len(candidates) == 1:
+        return canonical(candidates[0])
+    # A namespace several distributions share (opentelemetry): the one that installed the file.
+    origin = Path(spec.origin).resolve()
+    owners = [canonical(dist) for dist in candidates if origin in files_of(dist)]
+    return owners[0] if owners else "<installed by no distribution>"
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@
 # editable) into /opt/venv; /app holds only worker.py and agents.yaml, so what runs is what was
 # installed. It runs as a fixed non-root user.
 #
-# HEALTHCHECK is the worker's (the default command): `onceflow health` passes while the worker's
-# heartbeat is fresh, i.e. its Temporal worker runs and Temporal and the ledger answered a probe
-# in the last 30 s. The operator API and the billing service answer HTTP; docker-compose.yml gives
-# them HTTP health checks of their own in place of this one.
+# HEALTHCHECK serves the worker and the operator API alike: each writes a heartbeat to
+# ONCEFLOW_HEALTH_FILE, and `onceflow health` passes while it is fresh, i.e. the process probed
+# what it needs in the last 30 s (the worker: its Temporal worker runs, Temporal and the ledger
+# answer; the API: its own /healthz, Temporal and the ledger answer). The billing example writes
+# none; docker-compose.yml gives it an HTTP check of its own.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -64,8 +65,8 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY worker.py agents.yaml ./
 USER onceflow:onceflow
-# The worker writes its heartbeat here (ONCEFLOW_HEALTH_FILE); /tmp is writable by the user.
-ENV ONCEFLOW_HEALTH_FILE=/tmp/onceflow-worker-health.json
+# The worker or the API writes its heartbeat here; /tmp is writable by the user.
+ENV ONCEFLOW_HEALTH_FILE=/tmp/onceflow-health.json
 EXPOSE 8081 8082
 HEALTHCHECK --interval=15s --timeout=10s --start-period=60s --retries=3 CMD ["onceflow", "health"]
 CMD ["python", "worker.py"]

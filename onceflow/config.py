@@ -15,6 +15,9 @@ ENVIRONMENT = {
     "ONCEFLOW_DATABASE_URL": "",
     "ONCEFLOW_AGENTS": "agents.yaml",
     "ONCEFLOW_BILLING_URL": "http://127.0.0.1:8081",
+    # Where the process writes its heartbeat for `onceflow health` (the container health check);
+    # empty: no heartbeat.
+    "ONCEFLOW_HEALTH_FILE": "",
 }
 # Read by `onceflow api` only: the port it listens on.
 API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082"}
@@ -25,9 +28,6 @@ OPERATOR_ENVIRONMENT = {
 }
 # Read by the worker only.
 WORKER_ENVIRONMENT = {
-    # Where the worker writes its heartbeat for `onceflow health` (the container health check);
-    # empty: no heartbeat.
-    "ONCEFLOW_HEALTH_FILE": "",
     # Seconds a stopping worker (SIGTERM) waits for in-flight tool calls before it exits (the
     # graceful shutdown of issue 11 reads it); docker-compose.yml's stop_grace_period is longer.
     "ONCEFLOW_SHUTDOWN_GRACE": "60",

@@ -1,11 +1,12 @@
-"""The worker's heartbeat, and the check a container runtime runs against it.
+"""Heartbeats of the worker and the operator API, and the check a container runtime runs on them.
 
 A running worker probes what it needs every few seconds: that its Temporal worker still runs, that
 the Temporal frontend answers its health check over the worker's own connection, and that the
-ledger answers a query. It writes the outcome to a small JSON file (ONCEFLOW_HEALTH_FILE).
+ledger answers a query. The operator API probes its own HTTP endpoint, Temporal and the ledger.
+Each writes the outcome to a small JSON file (ONCEFLOW_HEALTH_FILE, one per container).
 `onceflow health` passes only if the last good probe is recent, so a hung event loop, a dead
 Temporal connection or an unreachable ledger all turn the container unhealthy, while the check
-itself opens no connection and costs one file read.
+itself opens no connection and costs one file read. One HEALTHCHECK in the image serves both.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import json
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -62,10 +65,11 @@ class Heartbeat:
         )
 
 
-async def probe(client: Client, ledger: Ledger, worker: Worker) -> str | None:
-    """Why this worker is not healthy, or None if it is."""
-    if not worker.is_running:
-        return "the Temporal worker is not running"
+Probe = Callable[[], Awaitable[str | None]]  # why the process is not healthy, or None
+
+
+async def temporal_and_ledger_problem(client: Client, ledger: Ledger) -> str | None:
+    """What the worker and the API both need: Temporal's frontend and the ledger answer."""
     try:
         await asyncio.wait_for(client.service_client.check_health(), PROBE_TIMEOUT)
     except Exception as exc:
@@ -78,6 +82,25 @@ async def probe(client: Client, ledger: Ledger, worker: Worker) -> str | None:
     return None
 
 
+async def probe(client: Client, ledger: Ledger, worker: Worker) -> str | None:
+    """Why this worker is not healthy, or None if it is."""
+    if not worker.is_running:
+        return "the Temporal worker is not running"
+    return await temporal_and_ledger_problem(client, ledger)
+
+
+async def api_probe(client: Client, ledger: Ledger, url: str) -> str | None:
+    """Why this operator API is not healthy: its own HTTP endpoint (`url`) must answer, which a
+    started but not listening (or wedged) server does not, and so must Temporal and the ledger."""
+    try:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT) as http:
+            answer = await http.get(url)
+        answer.raise_for_status()
+    except httpx.HTTPError as exc:
+        return f"the API at {url} does not answer: {exc!r}"
+    return await temporal_and_ledger_problem(client, ledger)
+
+
 def write_heartbeat(path: Path, heartbeat: Heartbeat) -> None:
     """Replace the file in one step, so a reader never sees half of it. (A few bytes on a local
     disk: written from the event loop directly.)"""
@@ -87,15 +110,13 @@ def write_heartbeat(path: Path, heartbeat: Heartbeat) -> None:
     partial.replace(path)
 
 
-async def keep_heartbeat(
-    path: Path, client: Client, ledger: Ledger, worker: Worker, interval: float = PROBE_INTERVAL
-) -> None:
+async def keep_heartbeat(path: Path, check: Probe, interval: float = PROBE_INTERVAL) -> None:
     """Probe and write the heartbeat until cancelled; the file is removed on the way out, so a
-    stopped worker is never reported healthy."""
+    stopped process is never reported healthy."""
     last_ok: float | None = None
     try:
         while True:
-            problem = await probe(client, ledger, worker)
+            problem = await check()
             now = time.time()
             if problem is None:
                 last_ok = now

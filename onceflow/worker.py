@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -18,7 +19,7 @@ from ledger import Ledger, LedgerError, migrate
 from onceflow.agents import AgentConfigError, AgentRegistry, load_agents
 from onceflow.client import connect, ensure_search_attributes
 from onceflow.config import Settings
-from onceflow.health import keep_heartbeat
+from onceflow.health import keep_heartbeat, probe, remove_heartbeat
 from workflows import ALL_WORKFLOWS
 
 log = logging.getLogger("onceflow.worker")
@@ -109,7 +110,11 @@ def _start_heartbeat(
     """The heartbeat `onceflow health` reads, when ONCEFLOW_HEALTH_FILE names a file."""
     if not settings.health_file:
         return None
-    return asyncio.create_task(keep_heartbeat(Path(settings.health_file), client, ledger, worker))
+    # A heartbeat left by an earlier run of this container must not vouch for this one.
+    path = Path(settings.health_file)
+    remove_heartbeat(path)
+    check = functools.partial(probe, client, ledger, worker)
+    return asyncio.create_task(keep_heartbeat(path, check))
 
 
 def _stop_on_signals() -> asyncio.Event:

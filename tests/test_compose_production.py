@@ -296,14 +296,17 @@ def test_every_long_running_service_has_a_health_check() -> None:
     assert missing == []
 
 
-def test_the_worker_health_check_runs_a_project_command_that_reads_the_workers_heartbeat() -> None:
-    command = healthcheck_command("worker")
+@pytest.mark.parametrize("name", ["worker", "operator-api"])
+def test_the_worker_and_api_health_checks_run_a_project_command_that_reads_their_heartbeat(
+    name: str,
+) -> None:
+    command = healthcheck_command(name)
     assert command == ["onceflow", "health"]
     assert command_problem(command) is None
-    assert environment("worker")["ONCEFLOW_HEALTH_FILE"], "the worker writes no heartbeat"
+    assert environment(name)["ONCEFLOW_HEALTH_FILE"], f"{name} writes no heartbeat"
 
 
-def test_the_images_own_health_check_is_the_workers_and_finds_its_heartbeat() -> None:
+def test_the_images_own_health_check_reads_the_heartbeat_the_services_write() -> None:
     assert image_default_command() == ["python", "worker.py"]
     command = dockerfile_healthcheck()
     assert command == ["onceflow", "health"]
@@ -314,17 +317,13 @@ def test_the_images_own_health_check_is_the_workers_and_finds_its_heartbeat() ->
         if instruction.keyword == "ENV"
         for key, value in re.findall(r"(\w+)=(\S+)", instruction.rest)
     }
-    assert image_env.get("ONCEFLOW_HEALTH_FILE") == environment("worker")["ONCEFLOW_HEALTH_FILE"]
+    for name in ("worker", "operator-api"):
+        assert image_env.get("ONCEFLOW_HEALTH_FILE") == environment(name)["ONCEFLOW_HEALTH_FILE"], name
 
 
-def test_the_http_services_check_their_own_health_endpoints() -> None:
-    for name, path in (("operator-api", "/healthz"), ("billing", "/health")):
-        command = " ".join(healthcheck_command(name) or [])
-        assert f"127.0.0.1:{_port(name)}{path}" in command, name
-
-
-def _port(name: str) -> int:
-    return published_ports(service(name))[0][2]
+def test_the_billing_example_checks_its_own_health_endpoint() -> None:
+    command = " ".join(healthcheck_command("billing") or [])
+    assert f"127.0.0.1:{published_ports(service('billing'))[0][2]}/health" in command
 
 
 # --- the image: production install only ------------------------------------------------------------

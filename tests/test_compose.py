@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from onceflow.client import search_attribute_flags
-from onceflow.config import ALL_ENVIRONMENT, API_ENVIRONMENT, ENVIRONMENT
+from onceflow.config import ALL_ENVIRONMENT, API_ENVIRONMENT, ENVIRONMENT, WORKER_ENVIRONMENT
 from onceflow.constants import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -392,7 +392,7 @@ def test_repo_built_services_set_only_variables_the_code_reads() -> None:
 
 
 def test_the_worker_sets_every_variable_in_config() -> None:
-    assert set(ENVIRONMENT) <= environment_names(services()["worker"])
+    assert set(ENVIRONMENT) | set(WORKER_ENVIRONMENT) <= environment_names(services()["worker"])
 
 
 def test_the_operator_api_reads_the_same_environment_as_the_worker() -> None:

@@ -139,3 +139,47 @@ async def test_worker_process_exits_with_the_message_and_no_traceback(tmp_path: 
     assert database_code == 1
     assert "ONCEFLOW_DATABASE_URL is not set" in database
     assert "Traceback" not in contract + database
+
+
+# -- `onceflow worker --check`: the same checks, with no Temporal and no database ---------------------
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_worker_check_reports_what_the_worker_would_refuse(tmp_path: Path, case: str) -> None:
+    from onceflow.worker import check_configuration
+
+    path, fragments = broken_file(tmp_path, case)
+    problem, summary = check_configuration(settings(path, database_url=""))
+    assert problem is not None and problem.startswith(f"cannot start the worker: {path}")
+    for fragment in fragments:
+        assert fragment in problem
+    assert summary == ""
+
+
+async def test_worker_check_exits_0_on_a_good_file_and_1_on_a_bad_one_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    good = tmp_path / "agents.yaml"
+    good.write_text(VALID)
+    bad, _ = broken_file(tmp_path, "write-with-three-attempts")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("ONCEFLOW_", "TEMPORAL_"))}
+
+    async def check(agents: Path) -> tuple[int | None, str, str]:
+        process = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "onceflow"),
+            "worker",
+            "--check",
+            cwd=REPO,  # the test toolsets import from tests.support
+            env={**environment, "ONCEFLOW_AGENTS": str(agents), "TEMPORAL_ADDRESS": "127.0.0.1:1"},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+        return process.returncode, stdout.decode(), stderr.decode()
+
+    (good_code, good_out, _), (bad_code, _, bad_err) = await asyncio.gather(check(good), check(bad))
+    assert good_code == 0
+    assert f"{good}: 1 agent(s) (clerk)" in good_out
+    assert bad_code == 1
+    assert "retried-write.change_address" in bad_err and "attempted 3 times" in bad_err
+    assert "Traceback" not in bad_err

@@ -21,7 +21,7 @@ namespace="${TEMPORAL_NAMESPACE:-default}"
 attempts="${REGISTER_ATTEMPTS:-60}"
 export TEMPORAL_ADDRESS
 
-# auto-setup creates the namespace in the background after the server starts: wait for it.
+# docker-compose.yml's create-namespace job runs first; run by hand, this may race it: wait.
 attempt=1
 until temporal operator namespace describe --namespace "$namespace" >/dev/null 2>&1; do
     if [ "$attempt" -ge "$attempts" ]; then

@@ -7,8 +7,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request, Response
-from fastapi.responses import JSONResponse
+from onceflow.extras import needs_extra
+
+with needs_extra("api"):
+    from fastapi import APIRouter, Depends, Header, Request, Response
+    from fastapi.responses import JSONResponse
 
 from examples.billing.faults import FAULT_DELAY_HEADER, FAULT_HEADER, Fault, FaultBook
 from examples.billing.models import Credit, CreditRequest, FaultMode

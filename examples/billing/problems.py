@@ -1,6 +1,9 @@
 """The billing service's errors: onceflow's RFC 9457 problem details, under its own type URIs."""
 
-from fastapi import FastAPI
+from onceflow.extras import needs_extra
+
+with needs_extra("api"):
+    from fastapi import FastAPI
 
 from onceflow import problems
 

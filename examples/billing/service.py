@@ -24,8 +24,11 @@ import argparse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import uvicorn
-from fastapi import APIRouter, FastAPI, Response
+from onceflow.extras import needs_extra
+
+with needs_extra("api"):
+    import uvicorn
+    from fastapi import APIRouter, FastAPI, Response
 
 from examples.billing import credits, received
 from examples.billing.credits import BillingState, State

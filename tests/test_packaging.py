@@ -36,6 +36,7 @@ NEED_AN_EXTRA = {
     "onceflow.api.server": "api",
     "onceflow.problems": "api",
     "examples.billing.credits": "api",
+    "examples.billing.received": "api",
     "examples.billing.problems": "api",
     "examples.billing.service": "api",
     "examples.billing.serving": "api",

@@ -125,6 +125,19 @@ async def test_a_paused_run_finds_a_settlement_nobody_signalled(harness: Harness
     }
 
 
+async def test_a_paused_run_finds_the_owners_late_answer(harness: Harness) -> None:
+    """The attempt that timed out answers after all, straight into the ledger; nobody signals."""
+    handle, key = await paused_on_unknown_credit(harness, "pause-recheck")
+    await silence_reconciler(harness.client, key)
+    owner = (await harness.ledger.get(key, with_events=False)).owner
+    assert owner is not None
+    late = await harness.ledger.complete(key, owner=owner, result={"credit_id": "cr_late"})
+    assert late.status is Status.COMPLETED and late.settled_by == owner
+    result = await asyncio.wait_for(handle.result(), 15)
+    assert "cr_late" in result.final
+    assert DOWNSTREAM.send_attempts == 1
+
+
 async def test_a_quiet_run_stays_paused_until_nudged(
     harness: Harness, temporal_env: WorkflowEnvironment
 ) -> None:

@@ -23,7 +23,10 @@ OPERATOR_ENVIRONMENT = {
     "ONCEFLOW_API": "http://127.0.0.1:8082",
     "ONCEFLOW_TOKEN": "",  # a bearer token from `onceflow tokens create`
 }
-ALL_ENVIRONMENT = {**ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT}
+# Read by the worker only: which agents it must serve (comma-separated names). Unset, it serves every
+# agent whose model it can build and names the others in its log (onceflow/agents.py, check_models).
+WORKER_ENVIRONMENT = {"ONCEFLOW_AGENTS_ENABLED": ""}
+ALL_ENVIRONMENT = {**ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT, **WORKER_ENVIRONMENT}
 
 
 def env(name: str) -> str:
@@ -37,6 +40,8 @@ class Settings:
     task_queue: str
     database_url: str
     agents_path: str
+    # None: serve every agent whose model can be built; else exactly these, or refuse to start.
+    agents_enabled: tuple[str, ...] | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -46,4 +51,10 @@ class Settings:
             task_queue=env("ONCEFLOW_TASK_QUEUE"),
             database_url=env("ONCEFLOW_DATABASE_URL"),
             agents_path=env("ONCEFLOW_AGENTS"),
+            agents_enabled=_names(os.environ.get("ONCEFLOW_AGENTS_ENABLED", "")),
         )
+
+
+def _names(text: str) -> tuple[str, ...] | None:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    return names or None

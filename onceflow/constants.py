@@ -22,7 +22,15 @@ READ_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=5),
 )
-MODEL_RETRY = READ_RETRY
+# Model calls: no attempt count, because a worker killed mid-call or a provider's bad minute must
+# not fail a run; the agent's `retry_budget` (the call's schedule-to-close timeout) bounds them, and
+# errors that cannot get better (bad request, authentication...) are non-retryable (models/errors.py).
+MODEL_RETRY = RetryPolicy(
+    maximum_attempts=0,
+    initial_interval=timedelta(milliseconds=500),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+)
 WRITE_ONCE = RetryPolicy(maximum_attempts=1)
 # Ledger steps only read or compare-and-set, so they may be retried as long as the database is away.
 LEDGER_RETRY = RetryPolicy(

@@ -65,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
         ResolveSignal,
         RunStatus,
         SettleInput,
+        TokenUsage,
         ToolCall,
         ToolCallInput,
         ToolOutcome,
@@ -89,6 +90,7 @@ class AgentRunWorkflow:
         self._nudged: set[str] = set()
         self._escalated: dict[str, str] = {}
         self._used_call_ids: set[str] = set()
+        self._usage: list[TokenUsage] = []
 
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
@@ -155,6 +157,8 @@ class AgentRunWorkflow:
             pending=list(self._pending.values()),
             calls=list(self._calls.values()),
             last_resolve_error=self._last_resolve_error,
+            usage=self._usage,
+            usage_total=sum(self._usage, TokenUsage()),
         )
 
     # -- the conversation ---------------------------------------------------------------------------
@@ -175,15 +179,21 @@ class AgentRunWorkflow:
             answer = await workflow.execute_activity_method(
                 ModelActivities.call_model,
                 ModelCallInput(agent=spec.name, run_id=workflow.info().workflow_id, messages=messages),
-                start_to_close_timeout=MODEL_TIMEOUT,
+                start_to_close_timeout=max(
+                    MODEL_TIMEOUT, timedelta(seconds=spec.model.attempt_timeout_seconds) + ACTIVITY_MARGIN
+                ),
+                schedule_to_close_timeout=timedelta(seconds=spec.model.retry_budget_seconds),
                 heartbeat_timeout=MODEL_HEARTBEAT,
                 retry_policy=MODEL_RETRY,
                 summary=f"model turn {turn}",
             )
+            self._usage.append(answer.usage or TokenUsage())
             ids = mint_tool_call_ids(
                 (call.id for call in answer.tool_calls), turn=turn, used=self._used_call_ids
             )
-            tool_calls = [call.model_copy(update={"id": id_}) for call, id_ in zip(answer.tool_calls, ids)]
+            tool_calls = [
+                call.model_copy(update={"id": id_}) for call, id_ in zip(answer.tool_calls, ids, strict=True)
+            ]
             messages.append(Message(role="assistant", content=answer.final or "", tool_calls=tool_calls))
             if not tool_calls:
                 return AgentRunResult(
@@ -191,6 +201,8 @@ class AgentRunWorkflow:
                     final=answer.final or "",
                     turns=turn,
                     calls=list(self._calls.values()),
+                    usage=self._usage,
+                    usage_total=sum(self._usage, TokenUsage()),
                 )
             for call in tool_calls:
                 outcome = await self._call_tool(run_input, spec, call)

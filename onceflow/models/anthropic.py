@@ -96,15 +96,16 @@ class AnthropicMessagesModel:
         anthropic = _sdk()
         self.config = config
         self.name = config.model
-        self._errors = anthropic
-        self._secrets = config.secrets()
+        self._api = anthropic
         self._tools = tool_definitions(tools)
-        self._client = anthropic.AsyncAnthropic(
-            api_key=config.api_key(),
-            base_url=config.base_url,
-            timeout=config.request_timeout.total_seconds(),
+
+    def _client(self) -> Any:
+        return self._api.AsyncAnthropic(
+            api_key=self.config.api_key(),
+            base_url=self.config.base_url,
+            timeout=self.config.request_timeout.total_seconds(),
             max_retries=0,  # Temporal's retry policy is the one retry loop
-            default_headers=config.headers() or None,
+            default_headers=self.config.headers() or None,
         )
 
     def request_body(self, messages: list[Message]) -> dict[str, Any]:
@@ -123,9 +124,12 @@ class AnthropicMessagesModel:
         return body
 
     async def respond(self, request: ModelCallInput) -> ModelTurn:
-        anthropic = self._errors
+        anthropic = self._api
         try:
-            answer = await self._client.messages.create(**self.request_body(request.messages))
+            # A client per call: the key is read when it is built, and nothing is left open when the
+            # worker stops (a model call takes seconds; one more connection does not show).
+            async with self._client() as client:
+                answer = await client.messages.create(**self.request_body(request.messages))
         except anthropic.APIStatusError as exc:
             raise status_error(
                 self.provider,
@@ -133,7 +137,7 @@ class AnthropicMessagesModel:
                 exc.status_code,
                 _detail(exc),
                 headers=dict(exc.response.headers),
-                secrets=self._secrets,
+                secrets=self.config.secrets(),
             ) from None
         except anthropic.APIConnectionError as exc:  # APITimeoutError is one of these
             raise transport_error(
@@ -141,10 +145,12 @@ class AnthropicMessagesModel:
                 self.name,
                 timed_out=isinstance(exc, anthropic.APITimeoutError),
                 detail=str(exc),
-                secrets=self._secrets,
+                secrets=self.config.secrets(),
             ) from None
         except anthropic.AnthropicError as exc:
-            raise unreadable_answer(self.provider, self.name, str(exc), secrets=self._secrets) from None
+            raise unreadable_answer(
+                self.provider, self.name, str(exc), secrets=self.config.secrets()
+            ) from None
         return self._turn(answer)
 
     def _turn(self, answer: Any) -> ModelTurn:

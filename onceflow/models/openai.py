@@ -98,15 +98,16 @@ class OpenAIChatModel:
         openai = _sdk()
         self.config = config
         self.name = config.model
-        self._errors = openai
-        self._secrets = config.secrets()
+        self._api = openai
         self._tools = tool_definitions(tools)
-        self._client = openai.AsyncOpenAI(
-            api_key=config.api_key(),
-            base_url=config.base_url,
-            timeout=config.request_timeout.total_seconds(),
+
+    def _client(self) -> Any:
+        return self._api.AsyncOpenAI(
+            api_key=self.config.api_key(),
+            base_url=self.config.base_url,
+            timeout=self.config.request_timeout.total_seconds(),
             max_retries=0,  # Temporal's retry policy is the one retry loop
-            default_headers=config.headers() or None,
+            default_headers=self.config.headers() or None,
         )
 
     def request_body(self, messages: list[Message]) -> dict[str, Any]:
@@ -123,9 +124,12 @@ class OpenAIChatModel:
         return body
 
     async def respond(self, request: ModelCallInput) -> ModelTurn:
-        openai = self._errors
+        openai = self._api
         try:
-            completion = await self._client.chat.completions.create(**self.request_body(request.messages))
+            # A client per call: the key is read when it is built, and nothing is left open when the
+            # worker stops (a model call takes seconds; one more connection does not show).
+            async with self._client() as client:
+                completion = await client.chat.completions.create(**self.request_body(request.messages))
         except openai.APIStatusError as exc:
             raise status_error(
                 self.provider,
@@ -134,7 +138,7 @@ class OpenAIChatModel:
                 _detail(exc),
                 code=getattr(exc, "code", None),
                 headers=dict(exc.response.headers),
-                secrets=self._secrets,
+                secrets=self.config.secrets(),
             ) from None
         except openai.APIConnectionError as exc:  # APITimeoutError is one of these
             raise transport_error(
@@ -142,16 +146,18 @@ class OpenAIChatModel:
                 self.name,
                 timed_out=isinstance(exc, openai.APITimeoutError),
                 detail=str(exc),
-                secrets=self._secrets,
+                secrets=self.config.secrets(),
             ) from None
         except openai.OpenAIError as exc:
-            raise unreadable_answer(self.provider, self.name, str(exc), secrets=self._secrets) from None
+            raise unreadable_answer(
+                self.provider, self.name, str(exc), secrets=self.config.secrets()
+            ) from None
         return self._turn(completion)
 
     def _turn(self, completion: Any) -> ModelTurn:
         if not getattr(completion, "choices", None):
             raise unreadable_answer(
-                self.provider, self.name, "no choices in the answer", secrets=self._secrets
+                self.provider, self.name, "no choices in the answer", secrets=self.config.secrets()
             )
         message = completion.choices[0].message
         calls = []
@@ -162,7 +168,10 @@ class OpenAIChatModel:
             arguments, invalid = parse_arguments(function.arguments)
             calls.append(
                 ToolCall(
-                    id=tool_call.id or "", name=function.name, arguments=arguments, invalid_arguments=invalid
+                    id=getattr(tool_call, "id", None) or "",
+                    name=function.name,
+                    arguments=arguments,
+                    invalid_arguments=invalid,
                 )
             )
         usage = None

@@ -90,6 +90,7 @@ class ModelServer:
         self.requests: list[dict[str, Any]] = []  # every request body received, in order
         self.problems: list[str] = []  # requests the real API would have refused
         self.keys_seen: list[str] = []
+        self.times: list[float] = []  # when each request arrived (time.monotonic)
         self._ids = itertools.count(1)
         self._release = asyncio.Event()
 
@@ -118,9 +119,11 @@ class ModelServer:
 
     async def _anthropic(self, request: Request) -> JSONResponse:
         problems = [] if request.headers.get("anthropic-version") else ["anthropic-version header missing"]
-        return await self._handle(
-            request, "anthropic", request.headers.get("x-api-key", ""), anthropic_problems, problems
+        # Anthropic takes the key as x-api-key, or (newer SDKs send this) as a bearer token.
+        key = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix(
+            "Bearer "
         )
+        return await self._handle(request, "anthropic", key, anthropic_problems, problems)
 
     async def _handle(
         self, request: Request, route: Provider, key: str, check: Any, problems: list[str] | None = None
@@ -128,6 +131,7 @@ class ModelServer:
         body = await request.json()
         self.requests.append(body)
         self.keys_seen.append(key)
+        self.times.append(time.monotonic())
         if route != self.provider:
             return self._refuse(f"this server speaks {self.provider}, not {route}")
         if key != self.key:

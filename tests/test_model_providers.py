@@ -97,7 +97,8 @@ async def failed_run(harness: Harness) -> tuple[str, str, str]:
     handle = await harness.start("assistant", ORDER)
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(handle.result(), 60)
-    chain, error = [], failed.value.cause
+    chain: list[str] = []
+    error: BaseException | None = failed.value.cause
     while error is not None:
         chain.append(str(error))
         error = error.__cause__

@@ -190,5 +190,5 @@ async def test_a_run_of_an_unserved_agent_fails_at_once_saying_why(
             await asyncio.wait_for(handle.result(), 20)
     assert (
         f"agent 'clerk' is not served by this worker: model.api_key_env: the environment variable {KEY_ENV}"
-        in str(failed.value.cause.cause if failed.value.cause else failed.value)
+        in str(failed.value.cause.__cause__)
     )

@@ -13,10 +13,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
@@ -334,3 +338,35 @@ async def test_an_unknown_tool_and_bad_arguments_reach_the_model_as_errors_it_co
         assert all(flagged for _, _, flagged in tool_results(server, 1))
     assert DOWNSTREAM.send_attempts == 1
     assert await harness.ledger.get(call_key(run_id, result.calls[-1].tool_call_id)) is not None
+
+
+@pytest.fixture(scope="module")
+def exported_spans() -> Iterator[InMemorySpanExporter]:
+    """Spans finished in this process while this module runs (see tests/test_tracing.py for why)."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+        provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    yield exporter
+    processor.shutdown()
+
+
+async def test_the_model_call_span_carries_provider_model_and_token_usage_and_no_key(
+    harness: Harness, server: ModelServer, exported_spans: InMemorySpanExporter
+) -> None:
+    exported_spans.clear()
+    server.answer(Answer(text="Hello.", input_tokens=120, output_tokens=9))
+    await run(harness)
+    spans = [s for s in exported_spans.get_finished_spans() if s.name == "RunActivity:call_model"]
+    assert len(spans) == 1
+    attributes = dict(spans[0].attributes or {})
+    assert attributes["gen_ai.provider.name"] == server.provider
+    assert attributes["gen_ai.request.model"] == MODEL
+    assert attributes["gen_ai.usage.input_tokens"] == 120
+    assert attributes["gen_ai.usage.output_tokens"] == 9
+    for span in exported_spans.get_finished_spans():
+        assert KEY not in str(dict(span.attributes or {}))

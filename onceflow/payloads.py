@@ -103,7 +103,8 @@ class Message(_Frozen):
 
 
 class ModelTurn(_Frozen):
-    """What the model answered: tool calls to make, or a final answer."""
+    """What the model answered: tool calls to make, or a final answer. Text a model says beside its
+    tool calls travels in `final` too; only an answer without tool calls ends the run."""
 
     tool_calls: list[ToolCall] = []
     final: str | None = None

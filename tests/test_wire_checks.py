@@ -37,13 +37,11 @@ def openai_body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 
 def test_what_the_openai_provider_builds_passes() -> None:
-    body = {
-        "model": "m",
-        "messages": openai.wire_messages(CONVERSATION),
-        "tools": openai.tool_definitions(TOOLS),
-    }
-    assert openai_problems(body) == []
-    assistant = body["messages"][2]
+    messages = openai.wire_messages(CONVERSATION)
+    assert (
+        openai_problems({"model": "m", "messages": messages, "tools": openai.tool_definitions(TOOLS)}) == []
+    )
+    assistant = messages[2]
     assert assistant["content"] == ""  # never null
     assert assistant["tool_calls"][1]["function"]["arguments"] == '{"account_id": '
 

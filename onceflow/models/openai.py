@@ -114,6 +114,9 @@ class OpenAIChatModel:
         body: dict[str, Any] = {"model": self.config.model, "messages": wire_messages(messages)}
         if self._tools:
             body["tools"] = self._tools
+            # OpenAI's default when tools are offered, said out loud: llama-cpp-python's
+            # chatml-function-calling ignores the tools unless tool_choice is given.
+            body["tool_choice"] = "auto"
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
         if self.config.max_output_tokens is not None:

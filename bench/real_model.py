@@ -70,8 +70,8 @@ agents:
       api_key_env: null          # llama.cpp's server takes no key
       temperature: {temperature}
       max_output_tokens: 256
-      request_timeout: 120s
-      retry_budget: 10m
+      request_timeout: 60s
+      retry_budget: 3m
     instructions: >-
       You resolve billing complaints. The user gives an order id. Call lookup_order with it, then
       call issue_credit once with the order's account_id and amount_cents, then answer in one
@@ -282,8 +282,11 @@ async def main(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str,
                 "127.0.0.1",
                 "--port",
                 str(model_port),
+                # Small on purpose: llama-cpp-python's function-calling ignores max_tokens while it
+                # writes arguments, and a 135M model can go on for thousands of tokens; the context
+                # bounds that, and a conversation that outgrows it fails the run as too long.
                 "--n_ctx",
-                "8192",
+                str(args.n_ctx),
             ],
             folder / "llama.log",
         )
@@ -351,7 +354,12 @@ async def main(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str,
     return found, runs
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # so that SIGTERM, like Ctrl-C, stops everything this script started
+
+
 def report(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     found, runs = asyncio.run(main(args))
     print(json.dumps(found, indent=2))
     if args.json:
@@ -367,7 +375,8 @@ if __name__ == "__main__":
     )
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--max-turns", type=int, default=6)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--temperature", type=float, default=0.3)
+    parser.add_argument("--n-ctx", type=int, default=2048, help="the model server's context, in tokens")
     parser.add_argument("--run-timeout", type=float, default=600)
     parser.add_argument("--json", help="write the figures and every run's details to this file")
     sys.exit(report(parser.parse_args()))

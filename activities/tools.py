@@ -100,6 +100,15 @@ def _oversized(value: Any, cap: int) -> str | None:
     )
 
 
+def _checked_arguments(tool: Tool, call: ToolCall) -> dict[str, Any]:
+    """The call's arguments, validated; InvalidToolArgumentsError if the model sent something else."""
+    if call.invalid_arguments is not None:
+        raise InvalidToolArgumentsError(
+            tool.name, [f"arguments must be a JSON object, got {call.invalid_arguments[:200]!r}"]
+        )
+    return tool.validate_arguments(call.arguments)
+
+
 def _refused(call: ToolCall, error: Exception) -> ToolOutcome:
     """A call that never reached the ledger or the world: the model is told why."""
     return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(error))
@@ -117,7 +126,7 @@ class ToolActivities:
         tool = self.registry.tool(tool_input.agent, tool_input.call.name)
         call = tool_input.call
         try:
-            arguments = tool.validate_arguments(call.arguments)
+            arguments = _checked_arguments(tool, call)
         except InvalidToolArgumentsError as exc:
             return _refused(call, exc)
         context = _context(tool_input, activity.info().attempt)
@@ -143,7 +152,7 @@ class ToolActivities:
         tool = self.registry.tool(tool_input.agent, tool_input.call.name)
         call = tool_input.call
         try:
-            arguments = tool.validate_arguments(call.arguments)
+            arguments = _checked_arguments(tool, call)
         except InvalidToolArgumentsError as exc:
             # Nothing reserved, nothing sent: the model is told and may try again.
             return _refused(call, exc)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from onceflow.model import Model, ScriptedModel, ScriptTurn
+from onceflow.models import Model
+from onceflow.models.config import ModelConfig, resolve_model_wrapper
 from onceflow.payloads import AgentSpec, ToolPolicySpec, ToolSpec
 from onceflow.testing import tool_contract_problems
 from onceflow.tools import Tool, Toolset
@@ -85,38 +85,6 @@ class ToolPolicy(BaseModel):
         return duration
 
 
-class ModelConfig(BaseModel):
-    """`wrapper`, optional, is "module:attribute" of a callable that takes the model this config
-    describes and returns the model to talk to instead: a seam for instrumentation around every model
-    call (the crash drill holds model calls through it, see onceflow/drill/tools.py)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    provider: Literal["scripted"] = "scripted"
-    script: list[ScriptTurn] = Field(min_length=1)
-    wrapper: str | None = None
-
-    def build(self) -> Model:
-        model: Model = ScriptedModel(self.script)
-        if self.wrapper:
-            model = resolve_model_wrapper(self.wrapper)(model)
-        return model
-
-
-def resolve_model_wrapper(target: str) -> Callable[[Model], Model]:
-    """Import a model wrapper named "module:attribute"; ValueError if it is not a callable."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{target!r} is not 'module:attribute'")
-    try:
-        wrapper = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import {target!r}: {exc}") from exc
-    if not callable(wrapper):
-        raise ValueError(f"{target!r} is not callable")
-    return cast(Callable[[Model], Model], wrapper)
-
-
 class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -148,8 +116,14 @@ class Agent:
         self.tools = tools
         self._model = model
 
+    @property
+    def has_own_model(self) -> bool:
+        return self._model is not None
+
     def build_model(self) -> Model:
-        return self._model if self._model is not None else self.config.model.build()
+        if self._model is not None:
+            return self._model
+        return self.config.model.build([tool.json_schema() for tool in self.tools.values()])
 
     def spec(self) -> AgentSpec:
         policy = self.config.tool_policy
@@ -177,6 +151,7 @@ class Agent:
                 approval_deadline_seconds=policy.approval_deadline.total_seconds(),
                 recheck_interval_seconds=policy.recheck_interval.total_seconds(),
             ),
+            model=self.config.model.spec(),
         )
 
 
@@ -186,6 +161,16 @@ class AgentRegistry:
     def __init__(self, agents: dict[str, Agent], path: str = "<memory>") -> None:
         self.agents = agents
         self.path = path
+        # Agents whose model this worker cannot build (a key not set, an SDK not installed), and why.
+        # Their tools stay known, so reconcile and compensation of their calls still work here.
+        self.unavailable: dict[str, str] = {}
+
+    def model_agent(self, name: str) -> Agent:
+        """The agent, if this worker can talk to its model; LookupError saying why not otherwise."""
+        agent = self.agent(name)
+        if name in self.unavailable:
+            raise LookupError(f"agent {name!r} is not served by this worker: {self.unavailable[name]}")
+        return agent
 
     def agent(self, name: str) -> Agent:
         try:
@@ -232,6 +217,12 @@ def build_registry(data: Any, path: Path | str = "<memory>") -> AgentRegistry:
     except ValidationError as exc:
         first = exc.errors()[0]
         location = [str(p) for p in first["loc"]]
+        if (
+            location[2:3] == ["model"]
+            and location[3:4]
+            and location[3] in ("scripted", "openai", "anthropic")
+        ):
+            del location[3]  # the provider's tag: `provider` already says it
         agent = location[1] if len(location) > 1 and location[0] == "agents" else None
         problem = f"{'.'.join(location)}: {first['msg']}"
         raise AgentConfigError(path, problem, agent) from None
@@ -299,3 +290,35 @@ def _agent_at_line(text: str, line: int) -> str | None:
             if depth == indent:
                 agent = stripped.split(":", 1)[0].strip().strip("'\"") or None
     return agent
+
+
+def check_models(registry: AgentRegistry, enabled: tuple[str, ...] | None = None) -> list[str]:
+    """At worker start-up: can this worker build each agent's model (keys set, SDKs installed)?
+
+    With `enabled` (ONCEFLOW_AGENTS_ENABLED), every agent named must be buildable, or this raises
+    AgentConfigError naming the file, the agent and the problem; the other agents are not served.
+    Without it, an agent that cannot be built is not served, and the returned lines say why (the
+    worker logs them), so users without a provider's key can still run the agents that need none.
+    Nothing here reads a key's value into anything but a yes or no.
+    """
+    if enabled is not None:
+        unknown = sorted(set(enabled) - set(registry.agents))
+        if unknown:
+            known = ", ".join(sorted(registry.agents))
+            raise AgentConfigError(
+                registry.path,
+                f"ONCEFLOW_AGENTS_ENABLED names {', '.join(unknown)}, not in the file (known: {known})",
+            )
+    notes = []
+    for name, agent in registry.agents.items():
+        if enabled is not None and name not in enabled:
+            registry.unavailable[name] = "not in ONCEFLOW_AGENTS_ENABLED"
+            continue
+        problems = [] if agent.has_own_model else agent.config.model.environment_problems()
+        if not problems:
+            continue
+        if enabled is not None:
+            raise AgentConfigError(registry.path, "; ".join(problems), name)
+        registry.unavailable[name] = "; ".join(problems)
+        notes.append(f"agent {name!r} is not served: {registry.unavailable[name]}")
+    return notes

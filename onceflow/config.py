@@ -21,7 +21,9 @@ ENVIRONMENT = {
 }
 # Read by the worker only. ONCEFLOW_SHUTDOWN_GRACE: seconds a SIGTERMed worker lets in-flight
 # activities finish; unset means the longest tool timeout plus margins (see onceflow/worker.py).
-WORKER_ENVIRONMENT = {"ONCEFLOW_SHUTDOWN_GRACE": ""}
+# ONCEFLOW_AGENTS_ENABLED: which agents it must serve (comma-separated names); unset, it serves every
+# agent whose model it can build and names the others in its log (onceflow/agents.py, check_models).
+WORKER_ENVIRONMENT = {"ONCEFLOW_SHUTDOWN_GRACE": "", "ONCEFLOW_AGENTS_ENABLED": ""}
 # Read by `onceflow api` only: the port it listens on.
 API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082"}
 # Read by `onceflow executions`, an operator's client of the API.
@@ -45,6 +47,8 @@ class Settings:
     agents_path: str
     shutdown_grace: str = ""  # ONCEFLOW_SHUTDOWN_GRACE as given; the worker checks it
     health_file: str = ""
+    # None: serve every agent whose model can be built; else exactly these, or refuse to start.
+    agents_enabled: tuple[str, ...] | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -56,4 +60,10 @@ class Settings:
             agents_path=env("ONCEFLOW_AGENTS"),
             shutdown_grace=env("ONCEFLOW_SHUTDOWN_GRACE"),
             health_file=env("ONCEFLOW_HEALTH_FILE"),
+            agents_enabled=_names(os.environ.get("ONCEFLOW_AGENTS_ENABLED", "")),
         )
+
+
+def _names(text: str) -> tuple[str, ...] | None:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    return names or None

@@ -24,16 +24,15 @@ READ_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=5),
 )
-# A model call is retried until it succeeds or its budget runs out (MODEL_RETRY_BUDGET, the
-# activity's schedule-to-close timeout): an outage, a rate limit or a worker killed mid-call a few
-# times must not end a run. Errors that no retry can fix are raised as non-retryable.
+# Model calls: no attempt count, because a worker killed mid-call or a provider's bad minute must
+# not fail a run; the agent's `retry_budget` (the call's schedule-to-close timeout) bounds them, and
+# errors that cannot get better (bad request, authentication...) are non-retryable (models/errors.py).
 MODEL_RETRY = RetryPolicy(
     maximum_attempts=0,
     initial_interval=timedelta(milliseconds=500),
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
 )
-MODEL_RETRY_BUDGET = timedelta(minutes=10)
 WRITE_ONCE = RetryPolicy(maximum_attempts=1)
 # Ledger steps only read or compare-and-set, so they may be retried as long as the database is away.
 LEDGER_RETRY = RetryPolicy(

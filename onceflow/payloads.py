@@ -31,6 +31,9 @@ class AgentRunResult(_Frozen):
     final: str
     turns: int
     calls: list[CallSummary]
+    # Tokens per model turn, in order (zero for models that do not count, like the scripted one).
+    usage: list[TokenUsage] = []
+    usage_total: TokenUsage = Field(default_factory=lambda: TokenUsage())
 
 
 class Phase(StrEnum):
@@ -57,6 +60,8 @@ class RunStatus(_Frozen):
     pending: list[CallSummary]
     calls: list[CallSummary]
     last_resolve_error: str | None = None
+    usage: list[TokenUsage] = []
+    usage_total: TokenUsage = Field(default_factory=lambda: TokenUsage())
 
 
 class ResolveSignal(BaseModel):
@@ -84,6 +89,9 @@ class ToolCall(_Frozen):
     id: str
     name: str
     arguments: dict[str, Any]
+    # The provider's arguments as it sent them, when they were not a JSON object: the call is then
+    # refused before it reaches the ledger, and the model is told (it can correct itself).
+    invalid_arguments: str | None = None
 
 
 class Message(_Frozen):
@@ -95,12 +103,27 @@ class Message(_Frozen):
 
 
 class ModelTurn(_Frozen):
-    """What the model answered: tool calls to make, or a final answer."""
+    """What the model answered: tool calls to make, or a final answer. Text a model says beside its
+    tool calls travels in `final` too; only an answer without tool calls ends the run."""
 
     tool_calls: list[ToolCall] = []
     final: str | None = None
     # By reference: the stored conversation's head once the request's messages were added to it.
     conversation_head: str | None = None
+    usage: TokenUsage | None = None
+
+
+class TokenUsage(_Frozen):
+    """Tokens one model call used, as the provider reported them."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
 
 
 class ModelCallInput(_Frozen):
@@ -144,11 +167,22 @@ class ToolPolicySpec(_Frozen):
     recheck_interval_seconds: float = 300
 
 
+class ModelSpec(_Frozen):
+    """What the workflow needs to know of an agent's model: how long one call may take, per attempt
+    and in total over all its retries."""
+
+    provider: str = "scripted"
+    model: str = "scripted"
+    attempt_timeout_seconds: float = 60
+    retry_budget_seconds: float = 600
+
+
 class AgentSpec(_Frozen):
     name: str
     instructions: str
     tools: dict[str, ToolSpec]
     policy: ToolPolicySpec
+    model: ModelSpec = ModelSpec()
 
 
 # -- tool calls ------------------------------------------------------------------------------------------
@@ -314,3 +348,7 @@ class ConflictSignal(_Frozen):
     key: str
     detail: str
     open: bool = True  # False: an operator acknowledged it, and the key leaves the attribute
+
+
+RunStatus.model_rebuild()
+ModelTurn.model_rebuild()

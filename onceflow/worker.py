@@ -17,7 +17,7 @@ from temporalio.worker import Worker
 
 from activities import all_activities, default_identity
 from ledger import Ledger, LedgerError, migrate
-from onceflow.agents import AgentConfigError, AgentRegistry, load_agents
+from onceflow.agents import AgentConfigError, AgentRegistry, check_models, load_agents
 from onceflow.client import connect, ensure_search_attributes
 from onceflow.config import Settings
 from onceflow.health import keep_heartbeat, probe, remove_heartbeat
@@ -56,6 +56,9 @@ async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[Agen
         raise SystemExit(f"ONCEFLOW_DATABASE_URL is not set: the {process} needs the ledger database")
     try:
         registry = load_agents(settings.agents_path)
+        if process == "worker":  # only the worker talks to models; the API needs no keys
+            for note in check_models(registry, settings.agents_enabled):
+                log.warning("%s", note)
     except AgentConfigError as exc:
         raise SystemExit(f"cannot start the {process}: {exc}") from exc
     try:

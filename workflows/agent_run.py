@@ -46,7 +46,6 @@ with workflow.unsafe.imports_passed_through():
         LEDGER_STEP_TIMEOUT,
         MODEL_HEARTBEAT,
         MODEL_RETRY,
-        MODEL_RETRY_BUDGET,
         MODEL_TIMEOUT,
         PHASE,
         READ_RETRY,
@@ -76,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         SettleInput,
         SettleResult,
+        TokenUsage,
         ToolCall,
         ToolCallInput,
         ToolOutcome,
@@ -113,6 +113,7 @@ class AgentRunWorkflow:
         self._recheck = False
         self._attributes_follow_ledger = False
         self._conflicts: set[str] = set()
+        self._usage: list[TokenUsage] = []
 
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
@@ -224,6 +225,8 @@ class AgentRunWorkflow:
             pending=list(self._pending.values()),
             calls=list(self._calls.values()),
             last_resolve_error=self._last_resolve_error,
+            usage=self._usage,
+            usage_total=sum(self._usage, TokenUsage()),
         )
 
     # -- the conversation ---------------------------------------------------------------------------
@@ -251,13 +254,16 @@ class AgentRunWorkflow:
             answer = await workflow.execute_activity_method(
                 ModelActivities.call_model,
                 conversation.request(),
-                start_to_close_timeout=MODEL_TIMEOUT,
-                schedule_to_close_timeout=MODEL_RETRY_BUDGET,
+                start_to_close_timeout=max(
+                    MODEL_TIMEOUT, timedelta(seconds=spec.model.attempt_timeout_seconds) + ACTIVITY_MARGIN
+                ),
+                schedule_to_close_timeout=timedelta(seconds=spec.model.retry_budget_seconds),
                 heartbeat_timeout=MODEL_HEARTBEAT,
                 retry_policy=MODEL_RETRY,
                 summary=f"model turn {turn}",
             )
             conversation.sent(answer)
+            self._usage.append(answer.usage or TokenUsage())
             ids = mint_tool_call_ids(
                 (call.id for call in answer.tool_calls), turn=turn, used=self._used_call_ids
             )
@@ -271,6 +277,8 @@ class AgentRunWorkflow:
                     final=answer.final or "",
                     turns=turn,
                     calls=list(self._calls.values()),
+                    usage=self._usage,
+                    usage_total=sum(self._usage, TokenUsage()),
                 )
             for call in tool_calls:
                 outcome = await self._call_tool(run_input, spec, call)

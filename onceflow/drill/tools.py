@@ -20,7 +20,7 @@ from onceflow import (
 )
 from onceflow.config import env
 from onceflow.drill.points import KillPoint, claim, hold
-from onceflow.model import Model
+from onceflow.models import Model
 from onceflow.payloads import ModelCallInput, ModelTurn
 
 # Short, so that a killed attempt is declared lost soon (activity timeout = tool timeout + 5 s), yet

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from onceflow.agents import Agent, AgentConfig, AgentRegistry
+from onceflow.models.config import ScriptedConfig
 from tests.support.downstream import toolset
 from tests.support.models import FlakyModel
 
@@ -49,6 +50,7 @@ def credit_agent(name: str, tool: str, on_indeterminate: str = "pause", **policy
 def flaky_model_agent(name: str, failures: int) -> tuple[Agent, FlakyModel]:
     """The credit agent, talking to a model whose first `failures` calls fail."""
     agent = credit_agent(name, "issue_credit")
+    assert isinstance(agent.config.model, ScriptedConfig)
     model = FlakyModel(agent.config.model.script, failures)
     return Agent(name, agent.config, agent.tools, model=model), model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from onceflow.model import ScriptedModel, ScriptTurn
+from onceflow.models import ScriptedModel, ScriptTurn
 from onceflow.payloads import ModelCallInput, ModelTurn, ToolCall
 
 

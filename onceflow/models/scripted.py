@@ -1,4 +1,4 @@
-"""The model an agent talks to. `Model` is the protocol; `ScriptedModel` plays a fixed script.
+"""`ScriptedModel` plays a fixed script: the model for demos, tests and crash drills.
 
 A scripted model needs no API key and no network, and answers the same way on every run, which is
 what demos, tests and crash drills need. A script is a list of turns; each turn is either tool calls
@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from onceflow.payloads import Message, ModelCallInput, ModelTurn, ToolCall
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z0-9_.\-]+)\s*\}\}")
-
-
-class Model(Protocol):
-    async def respond(self, request: ModelCallInput) -> ModelTurn: ...
 
 
 class ScriptError(ValueError):

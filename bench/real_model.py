@@ -37,24 +37,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-# Python puts this script's folder first on sys.path, where bench/ledger.py would shadow `ledger`.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
 
-import httpx  # noqa: E402
-import uvicorn  # noqa: E402
-from starlette.applications import Starlette  # noqa: E402
-from starlette.requests import Request  # noqa: E402
-from starlette.responses import Response  # noqa: E402
-from starlette.routing import Route  # noqa: E402
-from temporalio.api.enums.v1 import EventType  # noqa: E402
-from temporalio.client import Client, WorkflowFailureError  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-
-from ledger import Ledger  # noqa: E402
-from onceflow.client import start_run  # noqa: E402
-from onceflow.dev import DevStack, StackConfig  # noqa: E402
-from onceflow.payloads import AgentRunInput, RunStatus  # noqa: E402
-from workflows.agent_run import AgentRunWorkflow  # noqa: E402
+from ledger import Ledger
+from onceflow.client import start_run
+from onceflow.dev import DevStack, StackConfig
+from onceflow.payloads import AgentRunInput, RunStatus
+from workflows.agent_run import AgentRunWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = "billing-assistant-smollm2"

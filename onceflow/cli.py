@@ -16,6 +16,7 @@ import typer
 
 from onceflow.config import Settings
 from onceflow.executions_cli import executions_app
+from onceflow.mcp.inspect import mcp_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agent tool calls that take effect once.")
 run_app = typer.Typer(no_args_is_help=True, help="Start and inspect agent runs.")
@@ -23,6 +24,7 @@ app.add_typer(run_app, name="run")
 tokens_app = typer.Typer(no_args_is_help=True, help="Operator tokens for the API (stored hashed).")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(executions_app, name="executions")
+app.add_typer(mcp_app, name="mcp")
 
 DataDir = Annotated[Path, typer.Option(help="Where the dev stack keeps its state.")]
 TemporalPort = Annotated[int, typer.Option(help="Temporal gRPC port.")]

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import asyncpg
 from temporalio.client import Client
@@ -17,6 +18,9 @@ from onceflow.agents import AgentConfigError, AgentRegistry, load_agents
 from onceflow.client import connect, ensure_search_attributes
 from onceflow.config import Settings
 from workflows import ALL_WORKFLOWS
+
+if TYPE_CHECKING:
+    from onceflow.mcp.runtime import McpToolsets
 
 log = logging.getLogger("onceflow.worker")
 
@@ -59,7 +63,9 @@ async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[Agen
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
     registry, ledger = await open_agents_and_ledger(settings, "worker")
+    mcp_servers: McpToolsets | None = None
     try:
+        mcp_servers = await _start_mcp_servers(registry)
         client = await connect(settings)
         added = await ensure_search_attributes(client)
         if added:
@@ -73,7 +79,23 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
         async with worker:
             await stop.wait()
     finally:
+        if mcp_servers is not None:
+            await mcp_servers.aclose()
         await ledger.close()
+
+
+async def _start_mcp_servers(registry: AgentRegistry) -> McpToolsets | None:
+    """Start the MCP servers agents.yaml declares and list their tools; a failure ends the process."""
+    if not registry.mcp_servers:
+        return None
+    from onceflow.mcp.runtime import McpStartupError, start_mcp_toolsets
+
+    try:
+        servers = await start_mcp_toolsets(registry)
+    except (McpStartupError, AgentConfigError) as exc:
+        raise SystemExit(f"cannot start the worker: {exc}") from exc
+    log.info("MCP servers: %s", ", ".join(sorted(registry.mcp_servers)))
+    return servers
 
 
 def _stop_on_signals() -> asyncio.Event:

@@ -1,0 +1,121 @@
+"""The worker starts MCP servers before it serves, and refuses to serve, naming the server and the
+problem, when one does not start or does not offer what agents.yaml relies on. `onceflow mcp inspect`
+shows what each tool would become. Real server processes (examples/billing_mcp)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from onceflow.agents import AgentConfigError, build_registry
+from onceflow.cli import app
+from onceflow.config import Settings
+from onceflow.mcp.runtime import McpStartupError, mcp_toolsets
+from onceflow.worker import run_worker
+from tests.support.mcp_servers import CREDIT_SCRIPT, agent, stdio_server
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+
+def _agents(server: dict[str, Any], name: str = "billing-mcp") -> dict[str, Any]:
+    return {"mcp_servers": {name: server}, "agents": {"clerk": agent(CREDIT_SCRIPT, [name])}}
+
+
+async def test_worker_refuses_to_start_when_a_server_does_not_start(
+    tmp_path: Path, database_url: str
+) -> None:
+    path = tmp_path / "agents.yaml"
+    path.write_text(yaml.safe_dump(_agents({"command": str(tmp_path / "no-such-server")})))
+    settings = Settings("127.0.0.1:1", "default", "never-served", database_url, str(path))
+    with pytest.raises(SystemExit) as stopped:
+        await run_worker(settings)
+    message = str(stopped.value.code)
+    assert message.startswith("cannot start the worker: MCP server 'billing-mcp': cannot start or reach it")
+    assert "no-such-server" in message
+
+
+async def test_a_server_exiting_before_it_initializes_is_a_clear_start_up_error(tmp_path: Path) -> None:
+    registry = build_registry(_agents({"command": sys.executable, "args": ["-c", "import sys; sys.exit(3)"]}))
+    with pytest.raises(
+        McpStartupError,
+        match="MCP server 'billing-mcp': cannot start or reach it: MCPError: Connection closed",
+    ):
+        async with mcp_toolsets(registry):
+            pass
+
+
+async def test_start_up_names_missing_tools_and_a_lookup_that_is_not_a_read(tmp_path: Path) -> None:
+    server = stdio_server(
+        tmp_path,
+        "billing",
+        allow=["lookup_order", "refund_everything"],
+        tools={"send_statement": {"reconcile": "issue_credit"}},
+    )
+    registry = build_registry(_agents(server))
+    with pytest.raises(McpStartupError) as refused:
+        async with mcp_toolsets(registry):
+            pass
+    message = str(refused.value)
+    assert "agents.yaml names tool 'refund_everything', which the server does not list" in message
+    assert "'issue_credit' is the reconcile lookup for 'send_statement' but is classified external" in message
+    assert "lookup 'issue_credit' takes no 'idempotency_key' argument" in message
+
+
+async def test_a_tool_with_a_key_like_argument_is_not_offered_to_the_model(tmp_path: Path) -> None:
+    registry = build_registry(_agents(stdio_server(tmp_path, "billing", allow=["find_credit"])))
+    with pytest.raises(AgentConfigError) as refused:
+        async with mcp_toolsets(registry):
+            pass
+    message = str(refused.value)
+    assert "tool billing-mcp.find_credit breaks the contract" in message
+    assert "idempotency_key look like an idempotency key" in message
+    assert "leave it out with `allow`" in message
+
+
+async def test_an_unset_header_variable_stops_start_up_before_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ONCEFLOW_TEST_UNSET", raising=False)
+    server = {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${ONCEFLOW_TEST_UNSET}"}}
+    with pytest.raises(McpStartupError, match=r"headers.Authorization uses \$\{ONCEFLOW_TEST_UNSET\}"):
+        async with mcp_toolsets(build_registry(_agents(server))):
+            pass
+
+
+def test_inspect_prints_each_tool_with_its_class_and_why(tmp_path: Path) -> None:
+    server = stdio_server(
+        tmp_path,
+        "billing",
+        tools={"issue_credit": {"reconcile": "find_credit"}, "send_statement": {"effect": "write"}},
+    )
+    path = tmp_path / "agents.yaml"
+    path.write_text(yaml.safe_dump(_agents(server)))
+    runner = CliRunner()
+    shown = runner.invoke(app, ["mcp", "inspect", "billing-mcp", "--agents", str(path), "--json"])
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.stdout)
+    tools = {tool["name"]: tool for tool in report["tools"]}
+    assert {name: (t["class"], t["attempts"], t["offered"]) for name, t in tools.items()} == {
+        "lookup_order": ("read", 3, True),
+        "issue_credit": ("external", 1, True),
+        "find_credit": ("read", 3, False),
+        "send_statement": ("write", 1, True),
+    }
+    assert tools["issue_credit"]["why"] == "readOnlyHint=false, destructiveHint=false, openWorldHint=true"
+    assert tools["issue_credit"]["reconcile"] == "find_credit"
+    assert tools["find_credit"]["note"] == "reconcile lookup for issue_credit, not offered to the model"
+    assert tools["send_statement"]["why"].startswith(
+        "agents.yaml sets effect: write (server says: readOnlyHint=true"
+    )
+    text = runner.invoke(app, ["mcp", "inspect", "billing-mcp", "--agents", str(path)])
+    assert text.exit_code == 0
+    assert "issue_credit         external     1 attempt" in text.stdout
+    missing = runner.invoke(app, ["mcp", "inspect", "payroll", "--agents", str(path)])
+    assert missing.exit_code == 2
+    assert "declares no MCP server 'payroll' (declared: billing-mcp)" in missing.output

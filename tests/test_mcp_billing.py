@@ -31,8 +31,6 @@ from tests.support.mcp_servers import (
 )
 from tests.workflow_harness import running_worker
 
-pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
-
 
 @pytest.fixture(scope="module")
 def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -216,3 +214,29 @@ async def test_a_tool_claiming_read_only_but_overridden_to_write_gets_one_attemp
     assert "failed after 3 attempts" in told.final
     assert received(server_dir, "billing-manual", trusted_key, "send_statement") == 3
     assert await ledger.find(trusted_key) is None
+
+
+async def test_server_killed_after_applying_is_settled_by_the_lookup_through_a_new_session(
+    temporal_env: WorkflowEnvironment,
+    ledger: Ledger,
+    mcp_registry: tuple[AgentRegistry, McpToolsets],
+    server_dir: Path,
+) -> None:
+    registry, servers = mcp_registry
+    connection = servers.connections["billing"]
+    async with running_worker(temporal_env.client, ledger, registry) as harness:
+        opened = connection.sessions_opened
+        handle = await harness.start("credit", _order("ord_hang"))
+        key = f"{handle.id}:call_1_0"
+        await wait_until(lambda: received(server_dir, "billing", key) == 1, what="the credit to arrive")
+        kill_server(server_dir, "billing")
+        # The lookup's own deadline (2 s) is shorter than the server takes to start again; the start
+        # carries on in the background and a later round finds the session ready.
+        await asyncio.wait_for(handle.result(), 90)
+    record = await ledger.get(key)
+    assert record.status is Status.COMPLETED
+    assert any(e.to_status is Status.INDETERMINATE for e in record.events)
+    assert record.settled_by == "reconciler"
+    assert record.result["idempotency_key"] == key
+    assert connection.sessions_opened > opened
+    assert received(server_dir, "billing", key, "issue_credit") == 1

@@ -18,8 +18,6 @@ from onceflow.mcp.runtime import mcp_toolsets
 from tests.support.mcp_servers import agent
 from tests.workflow_harness import running_worker
 
-pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
-
 COMMIT_SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "git_status", "arguments": {"repo_path": "{{ input.repo }}"}}]},
     {

@@ -19,8 +19,6 @@ from onceflow.mcp.runtime import McpStartupError, mcp_toolsets
 from tests.support.mcp_servers import CREDIT_SCRIPT, HttpBillingServer, agent
 from tests.workflow_harness import running_worker
 
-pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
-
 TOKEN = "mcp-test-token"
 DIRECT_CREDIT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "issue_credit", "arguments": {"account_id": "acct_down", "amount_cents": 500}}]},

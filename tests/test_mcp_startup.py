@@ -20,8 +20,6 @@ from onceflow.mcp.runtime import McpStartupError, mcp_toolsets
 from onceflow.worker import run_worker
 from tests.support.mcp_servers import CREDIT_SCRIPT, agent, stdio_server
 
-pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
-
 
 def _agents(server: dict[str, Any], name: str = "billing-mcp") -> dict[str, Any]:
     return {"mcp_servers": {name: server}, "agents": {"clerk": agent(CREDIT_SCRIPT, [name])}}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from onceflow.mcp.config import McpServerConfig, expand_variables
@@ -64,7 +64,15 @@ def _make_client(name: str, config: McpServerConfig, on_http_error: Callable[[st
             )
 
     http.event_hooks["response"].append(note_errors)
-    return Client(streamable_http_client(config.url, http_client=http), cache=None)
+
+    @contextlib.asynccontextmanager
+    async def transport() -> AsyncIterator[Any]:
+        # The SDK leaves a client it was given open; this one is ours to close with the session.
+        async with http, streamable_http_client(url, http_client=http) as streams:
+            yield streams
+
+    url = config.url
+    return Client(transport(), cache=None)
 
 
 class McpConnection:
@@ -77,6 +85,9 @@ class McpConnection:
         self._client: Client | None = None
         self._release: asyncio.Event | None = None
         self._holder: asyncio.Task[None] | None = None
+        # A session being opened. Its own task, so a caller giving up (its tool's deadline) does not
+        # abandon a start that is nearly done: the next call finds the session ready.
+        self._opening: asyncio.Task[Client] | None = None
         self.sessions_opened = 0
         self._last_http_error: str | None = None
 
@@ -84,6 +95,13 @@ class McpConnection:
         self._last_http_error = error
 
     async def _open(self) -> Client:
+        try:
+            return await self._start()
+        finally:
+            if self._opening is asyncio.current_task():
+                self._opening = None
+
+    async def _start(self) -> Client:
         ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         release = asyncio.Event()
         self._last_http_error = None
@@ -146,9 +164,14 @@ class McpConnection:
                     log.info("MCP server %s did not answer (%r); starting a new session", self.name, exc)
                     await self._discard()
                     client = None
-            if client is None:
-                client = await self._open()
-            return client
+            if client is not None:
+                return client
+            if self._opening is None:
+                self._opening = asyncio.create_task(self._open(), name=f"mcp-connect:{self.name}")
+                # Retrieved here too, so a start nobody waits for any more does not log a lost error.
+                self._opening.add_done_callback(lambda task: task.cancelled() or task.exception())
+            opening = self._opening
+        return await asyncio.shield(opening)
 
     async def discard(self) -> None:
         """Drop the current session (after a transport failure); the next call opens a new one."""
@@ -193,6 +216,11 @@ class McpConnection:
 
     async def aclose(self) -> None:
         async with self._lock:
+            opening, self._opening = self._opening, None
+            if opening is not None:
+                opening.cancel()
+                with contextlib.suppress(BaseException):
+                    await opening
             await self._discard()
 
 

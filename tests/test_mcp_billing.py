@@ -20,6 +20,8 @@ from ledger import FailureKind, Ledger, SideEffect, Status
 from onceflow.agents import AgentRegistry, build_registry
 from onceflow.mcp.runtime import McpToolsets, mcp_toolsets
 from onceflow.mcp.tools import McpTool
+from onceflow.payloads import ToolOutcome
+from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.mcp_servers import (
     CREDIT_SCRIPT,
     STATEMENT_SCRIPT,
@@ -30,6 +32,7 @@ from tests.support.mcp_servers import (
     wait_until,
 )
 from tests.workflow_harness import running_worker
+from workflows.agent_run import AgentRunWorkflow
 
 
 @pytest.fixture(scope="module")
@@ -239,4 +242,40 @@ async def test_server_killed_after_applying_is_settled_by_the_lookup_through_a_n
     assert record.settled_by == "reconciler"
     assert record.result["idempotency_key"] == key
     assert connection.sessions_opened > opened
+    assert received(server_dir, "billing", key, "issue_credit") == 1
+
+
+async def test_a_reset_to_before_the_write_gets_the_recorded_result_without_calling_the_server(
+    temporal_env: WorkflowEnvironment,
+    ledger: Ledger,
+    mcp_registry: tuple[AgentRegistry, McpToolsets],
+    server_dir: Path,
+) -> None:
+    registry, _ = mcp_registry
+    client = temporal_env.client
+    async with running_worker(client, ledger, registry) as harness:
+        handle = await harness.start("credit", _order("ord_replay"))
+        first = await asyncio.wait_for(handle.result(), 60)
+        key = f"{handle.id}:call_1_0"
+        assert handle.result_run_id is not None
+        events = await history_events(client, handle.id, handle.result_run_id)
+        first_model = next(r for r in activity_runs(events) if r.activity_type == "call_model")
+        assert first_model.closed is not None
+        reset_point = workflow_task_completed_after(events, first_model.closed.event_id)
+        new_run_id = await reset_run(
+            client, handle.id, handle.result_run_id, reset_point, "test: replay before the MCP write"
+        )
+        again = client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=new_run_id)
+        second = await asyncio.wait_for(again.result(), 60)
+    assert second.final == first.final
+    write = next(
+        r
+        for r in activity_runs(await history_events(client, handle.id, new_run_id))
+        if r.activity_type == "run_write_tool"
+    )
+    assert write.closed is not None
+    payload = write.closed.activity_task_completed_event_attributes.result.payloads[0]
+    outcome = client.data_converter.payload_converter.from_payload(payload, ToolOutcome)
+    assert outcome.key == key
+    assert outcome.replayed
     assert received(server_dir, "billing", key, "issue_credit") == 1

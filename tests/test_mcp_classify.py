@@ -3,13 +3,14 @@ lookup tool's answer is read. Pure functions: no server needed."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp.types import CallToolResult, ContentBlock, TextContent
 
 from ledger import SideEffect
-from onceflow.agents import AgentConfigError, build_registry
+from onceflow.agents import AgentConfigError, build_registry, load_agents
 from onceflow.mcp import Hints, McpConfigError, McpServerConfig, classify
 from onceflow.mcp.config import expand_variables
 from onceflow.mcp.tools import lookup_outcome
@@ -171,3 +172,13 @@ def test_server_config_lists_what_it_relies_on() -> None:
     )
     assert config.declared_tools() == {"a", "b", "c", "d"}
     assert config.lookups() == {"c": "b"}
+
+
+def test_the_example_agents_file_declares_the_example_server() -> None:
+    registry = load_agents(
+        Path(__file__).resolve().parent.parent / "examples" / "billing_mcp" / "agents.yaml"
+    )
+    config = registry.mcp_servers["billing-mcp"]
+    assert config.transport == "stdio"
+    assert config.lookups() == {"find_credit": "issue_credit"}
+    assert registry.agent("billing-assistant-mcp").config.toolsets == ["billing-mcp"]

@@ -4,21 +4,28 @@ shows what each tool would become. Real server processes (examples/billing_mcp).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
+from ledger import Ledger, Status
 from onceflow.agents import AgentConfigError, build_registry
 from onceflow.cli import app
+from onceflow.client import start_run
 from onceflow.config import Settings
 from onceflow.mcp.runtime import McpStartupError, mcp_toolsets
+from onceflow.payloads import AgentRunInput
 from onceflow.worker import run_worker
-from tests.support.mcp_servers import CREDIT_SCRIPT, agent, stdio_server
+from tests.support.mcp_servers import CREDIT_SCRIPT, agent, received, stdio_server, wait_until
 
 
 def _agents(server: dict[str, Any], name: str = "billing-mcp") -> dict[str, Any]:
@@ -117,3 +124,45 @@ def test_inspect_prints_each_tool_with_its_class_and_why(tmp_path: Path) -> None
     missing = runner.invoke(app, ["mcp", "inspect", "payroll", "--agents", str(path)])
     assert missing.exit_code == 2
     assert "declares no MCP server 'payroll' (declared: billing-mcp)" in missing.output
+
+
+async def test_the_worker_process_serves_mcp_tools_from_agents_yaml_and_stops_the_server_on_exit(
+    tmp_path: Path, temporal_env: WorkflowEnvironment, database_url: str
+) -> None:
+    path = tmp_path / "agents.yaml"
+    server = stdio_server(tmp_path, "billing", tools={"issue_credit": {"reconcile": "find_credit"}})
+    path.write_text(yaml.safe_dump(_agents(server)))
+    target = temporal_env.client.service_client.config.target_host
+    task_queue = f"tq-{uuid.uuid4().hex[:10]}"
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(Settings(target, "default", task_queue, database_url, str(path)), stop=stop)
+    )
+    try:
+        handle = await start_run(
+            temporal_env.client,
+            AgentRunInput(agent="clerk", tenant="acme", input=json.dumps({"order_id": "ord_worker"})),
+            run_id=f"run-{uuid.uuid4().hex[:10]}",
+            task_queue=task_queue,
+        )
+        await asyncio.wait_for(handle.result(), 90)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+    key = f"{handle.id}:call_1_0"
+    ledger = await Ledger.connect(database_url)
+    try:
+        assert (await ledger.get(key)).status is Status.COMPLETED
+    finally:
+        await ledger.close()
+    assert received(tmp_path, "billing", key) == 1
+    pid = int((tmp_path / "billing.pid").read_text())
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    await wait_until(gone, timeout=10, what="the MCP server to exit with the worker")

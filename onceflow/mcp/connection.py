@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from onceflow.mcp.config import McpServerConfig, expand_variables
+from onceflow.mcp.config import McpConfigError, McpServerConfig, expand_variables
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -105,7 +105,10 @@ class McpConnection:
         ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         release = asyncio.Event()
         self._last_http_error = None
-        client = _make_client(self.name, self.config, self._note_http_error)
+        try:
+            client = _make_client(self.name, self.config, self._note_http_error)
+        except McpConfigError as exc:  # e.g. an unset ${VAR}: nothing can be sent
+            raise McpUnavailableError(str(exc)) from exc
 
         async def hold() -> None:
             try:

@@ -105,10 +105,16 @@ async def test_write_is_sent_once_with_its_ledger_key_in_meta(
     mcp_registry: tuple[AgentRegistry, McpToolsets],
     server_dir: Path,
 ) -> None:
-    registry, _ = mcp_registry
+    registry, servers = mcp_registry
+    connection = servers.connections["billing"]
+    opened = connection.sessions_opened
     async with running_worker(temporal_env.client, ledger, registry) as harness:
         handle = await harness.start("credit", _order("ord_mcp1"))
         result = await asyncio.wait_for(handle.result(), 60)
+        again = await harness.start("credit", _order("ord_mcp2"))
+        await asyncio.wait_for(again.result(), 60)
+    # Every call of both runs went through the worker's one session with the server.
+    assert connection.sessions_opened == opened
     key = f"{handle.id}:call_1_0"
     record = await ledger.get(key)
     assert record.status is Status.COMPLETED
@@ -235,7 +241,7 @@ async def test_server_killed_after_applying_is_settled_by_the_lookup_through_a_n
         kill_server(server_dir, "billing")
         # The lookup's own deadline (2 s) is shorter than the server takes to start again; the start
         # carries on in the background and a later round finds the session ready.
-        await asyncio.wait_for(handle.result(), 90)
+        await asyncio.wait_for(handle.result(), 180)
     record = await ledger.get(key)
     assert record.status is Status.COMPLETED
     assert any(e.to_status is Status.INDETERMINATE for e in record.events)

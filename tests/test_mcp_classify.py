@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp.types import CallToolResult, ContentBlock, TextContent
+from mcp.types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
+from mcp.types import Tool as McpListedTool
 
 from ledger import SideEffect
 from onceflow.agents import AgentConfigError, build_registry, load_agents
 from onceflow.mcp import Hints, McpConfigError, McpServerConfig, classify
 from onceflow.mcp.config import expand_variables
+from onceflow.mcp.runtime import plan_server
 from onceflow.mcp.tools import lookup_outcome
 from onceflow.tools import OutcomeStatus
 
@@ -182,3 +184,60 @@ def test_the_example_agents_file_declares_the_example_server() -> None:
     assert config.transport == "stdio"
     assert config.lookups() == {"find_credit": "issue_credit"}
     assert registry.agent("billing-assistant-mcp").config.toolsets == ["billing-mcp"]
+
+
+def _listed(name: str, read_only: bool | None = None, destructive: bool | None = None) -> McpListedTool:
+    given = read_only is not None or destructive is not None
+    annotations = ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive) if given else None
+    schema = (
+        {"type": "object", "properties": {"idempotency_key": {"type": "string"}}} if name == "find" else {}
+    )
+    return McpListedTool(name=name, input_schema={"type": "object", **schema}, annotations=annotations)
+
+
+LISTING = [
+    _listed("look", read_only=True),
+    _listed("find", read_only=True),
+    _listed("pay", read_only=False, destructive=False),
+    _listed("wipe"),
+]
+
+
+def test_plan_offers_allowed_tools_hides_lookups_and_carries_timeouts_and_approval() -> None:
+    config = McpServerConfig.model_validate(
+        {
+            "command": "x",
+            "allow": ["look", "pay"],
+            "timeout": "7s",
+            "tools": {"pay": {"reconcile": "find", "timeout": "2s", "approval": True}},
+        }
+    )
+    plans, errors = plan_server(config, LISTING)
+    assert errors == []
+    by_name = {plan.name: plan for plan in plans}
+    assert {name: plan.offered for name, plan in by_name.items()} == {
+        "look": True,
+        "find": False,
+        "pay": True,
+        "wipe": False,
+    }
+    assert by_name["find"].note == "reconcile lookup for pay, not offered to the model"
+    assert by_name["wipe"].note == "not in allow"
+    pay = by_name["pay"].effect
+    assert pay is not None
+    assert (pay.side_effect, pay.max_attempts, pay.timeout.total_seconds(), pay.approval) == (
+        SideEffect.EXTERNAL,
+        1,
+        2.0,
+        True,
+    )
+    look = by_name["look"].effect
+    assert look is not None
+    assert (look.max_attempts, look.timeout.total_seconds()) == (3, 7.0)
+    assert by_name["wipe"].classification.side_effect is SideEffect.DESTRUCTIVE
+
+
+def test_plan_refuses_approval_on_a_read() -> None:
+    config = McpServerConfig.model_validate({"command": "x", "tools": {"look": {"approval": True}}})
+    _, errors = plan_server(config, LISTING)
+    assert errors == ["tools.look: approval is for tools that change the world, not reads"]

@@ -92,10 +92,10 @@ def plan_server(config: McpServerConfig, listed: list[Any]) -> tuple[list[ToolPl
             properties = (tool.input_schema or {}).get("properties") or {}
             if LOOKUP_KEY_ARGUMENT not in properties:
                 errors.append(f"lookup {name!r} takes no {LOOKUP_KEY_ARGUMENT!r} argument to be called with")
-        if allowed is not None and name not in allowed:
-            offered, note = False, "not in allow"
-        elif name in lookups and (allowed is None or name not in allowed):
+        if name in lookups and (allowed is None or name not in allowed):
             offered, note = False, f"reconcile lookup for {lookups[name]}, not offered to the model"
+        elif allowed is not None and name not in allowed:
+            offered, note = False, "not in allow"
         else:
             offered, note = True, "offered"
         plan = ToolPlan(name, classification, hints, offered, note, effect, lookup)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 # JSON-RPC errors that mean the server refused the request before running anything.
 _REFUSED_CODES = {-32600, -32601, -32602}
+_CONNECTION_CLOSED = -32000  # the SDK's code when the transport closed under a request
 LOOKUP_KEY_ARGUMENT = "idempotency_key"
 
 
@@ -144,12 +145,17 @@ async def send(
     except MCPError as exc:
         if exc.code in _REFUSED_CODES:
             raise ToolRejectedError(f"{connection.name} refused {tool}: {exc.message}") from exc
-        await connection.discard()
+        if exc.code == _CONNECTION_CLOSED:
+            await connection.discard()
+        # Another error code is an answer: the session is fine, the outcome is not known.
         raise McpCallError(f"{connection.name}.{tool}: {exc.message} (JSON-RPC {exc.code})") from exc
     except (asyncio.CancelledError, TimeoutError):
         raise
     except Exception as exc:
-        await connection.discard()
+        # RuntimeError/ValueError: the SDK did not like the answer (an input request, a result that
+        # does not match the tool's output schema); the session itself is fine.
+        if not isinstance(exc, RuntimeError | ValueError):
+            await connection.discard()
         raise McpCallError(f"{connection.name}.{tool}: {type(exc).__name__}: {exc}") from exc
     return result
 

@@ -46,8 +46,10 @@ STATEMENT_SCRIPT: list[dict[str, Any]] = [
     {"final": "statement: {{ results.send_statement }}"},
 ]
 
+# Rounds come quickly; the deadline (after which the reconciler stops asking the lookup) is long
+# enough for a killed server to be started again on a loaded machine.
 FAST_RECONCILE = {
-    "reconcile_deadline": "30s",
+    "reconcile_deadline": "180s",
     "reconcile_initial_interval": "0.2s",
     "reconcile_max_interval": "1s",
 }

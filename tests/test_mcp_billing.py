@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError
@@ -65,12 +66,19 @@ async def mcp_registry(server_dir: Path) -> AsyncIterator[tuple[AgentRegistry, M
                 "credit-manual": agent(CREDIT_SCRIPT, ["billing-manual"], on_indeterminate="fail"),
                 "statement": agent(STATEMENT_SCRIPT, ["billing"], on_indeterminate="fail"),
                 "statement-trusting": agent(STATEMENT_SCRIPT, ["billing-manual"], on_indeterminate="fail"),
+                "careless": agent(CARELESS_SCRIPT, ["billing"]),
             },
         },
         "test_mcp_billing",
     )
     async with mcp_toolsets(registry) as servers:
         yield registry, servers
+
+
+CARELESS_SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "issue_credit", "arguments": {"account_id": "acct_x", "amount_cents": "lots"}}]},
+    {"final": "{{ results.issue_credit }}"},
+]
 
 
 def _order(order_id: str) -> str:
@@ -285,3 +293,19 @@ async def test_a_reset_to_before_the_write_gets_the_recorded_result_without_call
     assert outcome.key == key
     assert outcome.replayed
     assert received(server_dir, "billing", key, "issue_credit") == 1
+
+
+async def test_arguments_that_break_the_servers_schema_are_refused_before_anything_is_reserved_or_sent(
+    temporal_env: WorkflowEnvironment,
+    ledger: Ledger,
+    mcp_registry: tuple[AgentRegistry, McpToolsets],
+    server_dir: Path,
+) -> None:
+    registry, _ = mcp_registry
+    async with running_worker(temporal_env.client, ledger, registry) as harness:
+        handle = await harness.start("careless", "{}")
+        result = await asyncio.wait_for(handle.result(), 60)
+    key = f"{handle.id}:call_0_0"
+    assert "amount_cents: 'lots' is not of type 'integer'" in result.final
+    assert await ledger.find(key) is None
+    assert received(server_dir, "billing", key) == 0

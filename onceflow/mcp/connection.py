@@ -134,8 +134,7 @@ class McpConnection:
         except BaseException as exc:
             release.set()
             holder.cancel()
-            with contextlib.suppress(BaseException):
-                await holder
+            await asyncio.gather(holder, return_exceptions=True)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             if isinstance(exc, TimeoutError):
@@ -187,12 +186,12 @@ class McpConnection:
         if release is not None:
             release.set()
         if holder is not None:
+            # Shielded: a caller that gives up does not interrupt the session's own shutdown.
             try:
-                await asyncio.wait_for(holder, 5)
-            except BaseException as exc:
-                if isinstance(exc, asyncio.CancelledError) and not holder.cancelled():
-                    raise
-                log.debug("MCP session with %s closed with %r", self.name, exc)
+                await asyncio.wait_for(asyncio.shield(holder), 5)
+            except TimeoutError:
+                holder.cancel()
+                log.warning("MCP session with %s did not close within 5s; cancelled", self.name)
 
     async def list_tools(self) -> list[Tool]:
         """Every tool the server lists, following pagination."""
@@ -222,8 +221,7 @@ class McpConnection:
             opening, self._opening = self._opening, None
             if opening is not None:
                 opening.cancel()
-                with contextlib.suppress(BaseException):
-                    await opening
+                await asyncio.gather(opening, return_exceptions=True)
             await self._discard()
 
 

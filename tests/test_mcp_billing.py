@@ -21,7 +21,7 @@ from ledger import FailureKind, Ledger, SideEffect, Status
 from onceflow.agents import AgentRegistry, build_registry
 from onceflow.mcp.runtime import McpToolsets, mcp_toolsets
 from onceflow.mcp.tools import McpTool
-from onceflow.payloads import ToolOutcome
+from onceflow.payloads import ResolveSignal, ToolOutcome
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.mcp_servers import (
     CREDIT_SCRIPT,
@@ -54,6 +54,12 @@ async def mcp_registry(server_dir: Path) -> AsyncIterator[tuple[AgentRegistry, M
                         "send_statement": {"effect": "write", "timeout": "1s"},
                     },
                 ),
+                "billing-approval": stdio_server(
+                    server_dir,
+                    "billing-approval",
+                    allow=["lookup_order", "issue_credit"],
+                    tools={"issue_credit": {"approval": True, "reconcile": "find_credit"}},
+                ),
                 "billing-manual": stdio_server(
                     server_dir,
                     "billing-manual",
@@ -67,6 +73,7 @@ async def mcp_registry(server_dir: Path) -> AsyncIterator[tuple[AgentRegistry, M
                 "statement": agent(STATEMENT_SCRIPT, ["billing"], on_indeterminate="fail"),
                 "statement-trusting": agent(STATEMENT_SCRIPT, ["billing-manual"], on_indeterminate="fail"),
                 "careless": agent(CARELESS_SCRIPT, ["billing"]),
+                "credit-approval": agent(CREDIT_SCRIPT, ["billing-approval"]),
             },
         },
         "test_mcp_billing",
@@ -309,3 +316,32 @@ async def test_arguments_that_break_the_servers_schema_are_refused_before_anythi
     assert "amount_cents: 'lots' is not of type 'integer'" in result.final
     assert await ledger.find(key) is None
     assert received(server_dir, "billing", key) == 0
+
+
+async def test_an_mcp_write_that_needs_approval_is_sent_only_once_approved(
+    temporal_env: WorkflowEnvironment,
+    ledger: Ledger,
+    mcp_registry: tuple[AgentRegistry, McpToolsets],
+    server_dir: Path,
+) -> None:
+    registry, _ = mcp_registry
+    async with running_worker(temporal_env.client, ledger, registry) as harness:
+        handle = await harness.start("credit-approval", _order("ord_approve"))
+        key = f"{handle.id}:call_1_0"
+
+        async def awaiting() -> bool:
+            record = await ledger.find(key)
+            return record is not None and record.status is Status.AWAITING_APPROVAL
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await awaiting():
+            assert asyncio.get_running_loop().time() < deadline, "the call never waited for approval"
+            await asyncio.sleep(0.1)
+        assert received(server_dir, "billing-approval", key) == 0
+        await ledger.approve(key, actor="operator:test", reason="checked the order", tenant="acme")
+        await handle.signal(AgentRunWorkflow.resolve, ResolveSignal(key=key, actor="operator:test"))
+        await asyncio.wait_for(handle.result(), 60)
+    record = await ledger.get(key)
+    assert record.status is Status.COMPLETED
+    assert record.approved_by == "operator:test"
+    assert received(server_dir, "billing-approval", key, "issue_credit") == 1

@@ -166,3 +166,16 @@ async def test_the_worker_process_serves_mcp_tools_from_agents_yaml_and_stops_th
         return False
 
     await wait_until(gone, timeout=10, what="the MCP server to exit with the worker")
+
+
+async def test_without_the_sdk_installed_a_declared_server_stops_start_up_with_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As if `pip install onceflow` without the `mcp` extra: importing the SDK fails.
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    registry = build_registry(_agents({"command": sys.executable}))
+    with pytest.raises(
+        McpStartupError, match=r"MCP toolsets need the official SDK: pip install 'onceflow\[mcp\]'"
+    ):
+        async with mcp_toolsets(registry):
+            pass

@@ -9,6 +9,7 @@ Each server gets one `McpConnection` for the life of the process (see connection
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from onceflow.mcp.connection import McpConnection, McpUnavailableError
 from onceflow.mcp.tools import LOOKUP_KEY_ARGUMENT, McpTool, make_tool
 from onceflow.testing import tool_contract_problems
 from onceflow.tools import Effect, destructive, external, read, write
+
+log = logging.getLogger("onceflow.mcp")
 
 
 class McpStartupError(RuntimeError):
@@ -122,6 +125,14 @@ class McpToolsets:
         if errors:
             raise McpStartupError(name, "; ".join(errors))
         self.plans[name] = plans
+        log.info(
+            "MCP server %s: %s",
+            name,
+            ", ".join(
+                f"{p.name}={p.classification.side_effect}" + ("" if p.offered else " (not offered)")
+                for p in plans
+            ),
+        )
         by_name = {tool.name: tool for tool in listed}
         tools: list[McpTool] = []
         for plan in plans:

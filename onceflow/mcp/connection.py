@@ -175,10 +175,14 @@ class McpConnection:
             opening = self._opening
         return await asyncio.shield(opening)
 
-    async def discard(self) -> None:
-        """Drop the current session (after a transport failure); the next call opens a new one."""
+    async def discard(self, client: Client) -> None:
+        """Drop `client`'s session after a transport failure; the next call opens a new one.
+
+        Only if it is still the current one: a late failure on a session already replaced must not
+        cut the calls in flight on its successor."""
         async with self._lock:
-            await self._discard()
+            if self._client is client:
+                await self._discard()
 
     async def _discard(self) -> None:
         release, holder = self._release, self._holder

@@ -146,7 +146,7 @@ async def send(
         if exc.code in _REFUSED_CODES:
             raise ToolRejectedError(f"{connection.name} refused {tool}: {exc.message}") from exc
         if exc.code == _CONNECTION_CLOSED:
-            await connection.discard()
+            await connection.discard(client)
         # Another error code is an answer: the session is fine, the outcome is not known.
         raise McpCallError(f"{connection.name}.{tool}: {exc.message} (JSON-RPC {exc.code})") from exc
     except (asyncio.CancelledError, TimeoutError):
@@ -155,7 +155,7 @@ async def send(
         # RuntimeError/ValueError: the SDK did not like the answer (an input request, a result that
         # does not match the tool's output schema); the session itself is fine.
         if not isinstance(exc, RuntimeError | ValueError):
-            await connection.discard()
+            await connection.discard(client)
         raise McpCallError(f"{connection.name}.{tool}: {type(exc).__name__}: {exc}") from exc
     return result
 

@@ -179,3 +179,22 @@ async def test_without_the_sdk_installed_a_declared_server_stops_start_up_with_h
     ):
         async with mcp_toolsets(registry):
             pass
+
+
+async def test_every_server_that_fails_to_start_is_named_in_one_error(tmp_path: Path) -> None:
+    registry = build_registry(
+        {
+            "mcp_servers": {
+                "first": {"command": str(tmp_path / "missing-one")},
+                "second": {"command": str(tmp_path / "missing-two")},
+            },
+            "agents": {"clerk": agent(CREDIT_SCRIPT, ["first", "second"])},
+        }
+    )
+    with pytest.raises(McpStartupError) as refused:
+        async with mcp_toolsets(registry):
+            pass
+    message = str(refused.value)
+    assert message.startswith("MCP server 'first': cannot start or reach it")
+    assert "; and MCP server 'second': cannot start or reach it" in message
+    assert "missing-two" in message

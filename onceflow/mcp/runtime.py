@@ -30,10 +30,14 @@ log = logging.getLogger("onceflow.mcp")
 class McpStartupError(RuntimeError):
     """An MCP server did not start, or does not offer what agents.yaml relies on."""
 
-    def __init__(self, server: str, problem: str) -> None:
-        super().__init__(f"MCP server {server!r}: {problem}")
+    def __init__(self, server: str, problem: str, *, others: list[McpStartupError] | None = None) -> None:
+        message = f"MCP server {server!r}: {problem}"
+        for other in others or ():
+            message += f"; and {other}"
+        super().__init__(message)
         self.server = server
         self.problem = problem
+        self.others = others or []
 
 
 @dataclass(frozen=True)
@@ -145,13 +149,20 @@ class McpToolsets:
         return tools
 
     async def start(self) -> dict[str, list[McpTool]]:
-        """Start every server and list its tools; the first failure is raised, all are closed."""
+        """Start every server and list its tools. On failure all are closed and one error names every
+        server that failed, so an operator fixes them in one go."""
         names = list(self.connections)
         results = await asyncio.gather(*(self._start_one(n) for n in names), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                await self.aclose()
-                raise result
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self.aclose()
+            startup = [f for f in failures if isinstance(f, McpStartupError)]
+            if len(startup) != len(failures):
+                raise next(f for f in failures if not isinstance(f, McpStartupError))
+            first, *others = startup
+            if others:
+                raise McpStartupError(first.server, first.problem, others=others) from first
+            raise first
         return {name: result for name, result in zip(names, results, strict=True)}  # type: ignore[misc]
 
     async def aclose(self) -> None:

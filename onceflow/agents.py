@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from onceflow.mcp.config import McpServerConfig
 from onceflow.models import Model
 from onceflow.models.config import ModelConfig, resolve_model_wrapper
 from onceflow.payloads import AgentSpec, ToolPolicySpec, ToolSpec
@@ -98,6 +99,8 @@ class AgentsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     toolsets: dict[str, str] = {}
+    # MCP servers are toolsets too; their tools are listed when the worker starts (onceflow/mcp/).
+    mcp_servers: dict[str, McpServerConfig] = {}
     agents: dict[str, AgentConfig] = Field(min_length=1)
 
 
@@ -158,9 +161,17 @@ class Agent:
 class AgentRegistry:
     """Agents by name, and every tool any of them can call."""
 
-    def __init__(self, agents: dict[str, Agent], path: str = "<memory>") -> None:
+    def __init__(
+        self,
+        agents: dict[str, Agent],
+        path: str = "<memory>",
+        *,
+        mcp_servers: dict[str, McpServerConfig] | None = None,
+    ) -> None:
         self.agents = agents
         self.path = path
+        # Their tools join the agents once started: `async with onceflow.mcp.runtime.mcp_toolsets(registry)`.
+        self.mcp_servers = mcp_servers or {}
         # Agents whose model this worker cannot build (a key not set, an SDK not installed), and why.
         # Their tools stay known, so reconcile and compensation of their calls still work here.
         self.unavailable: dict[str, str] = {}
@@ -226,11 +237,16 @@ def build_registry(data: Any, path: Path | str = "<memory>") -> AgentRegistry:
         agent = location[1] if len(location) > 1 and location[0] == "agents" else None
         problem = f"{'.'.join(location)}: {first['msg']}"
         raise AgentConfigError(path, problem, agent) from None
+    both = sorted(set(parsed.toolsets) & set(parsed.mcp_servers))
+    if both:
+        raise AgentConfigError(path, f"{', '.join(both)}: named both in toolsets and mcp_servers")
     toolsets = {name: _import_toolset(path, name, target) for name, target in parsed.toolsets.items()}
     agents: dict[str, Agent] = {}
     for agent_name, config in parsed.agents.items():
         tools: dict[str, Tool] = {}
         for toolset_name in config.toolsets:
+            if toolset_name in parsed.mcp_servers:
+                continue  # its tools are attached when the worker has listed them
             if toolset_name not in toolsets:
                 raise AgentConfigError(path, f"unknown toolset {toolset_name!r}", agent_name)
             for tool in toolsets[toolset_name].tools:
@@ -250,7 +266,7 @@ def build_registry(data: Any, path: Path | str = "<memory>") -> AgentRegistry:
             except ValueError as exc:
                 raise AgentConfigError(path, f"model.wrapper: {exc}", agent_name) from None
         agents[agent_name] = Agent(agent_name, config, tools)
-    return AgentRegistry(agents, str(path))
+    return AgentRegistry(agents, str(path), mcp_servers=parsed.mcp_servers)
 
 
 def load_agents(path: Path | str) -> AgentRegistry:

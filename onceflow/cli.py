@@ -17,6 +17,7 @@ import typer
 from onceflow.config import Settings
 from onceflow.executions_cli import executions_app
 from onceflow.ledger_cli import ledger_app
+from onceflow.mcp.inspect import mcp_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agent tool calls that take effect once.")
 run_app = typer.Typer(no_args_is_help=True, help="Start and inspect agent runs.")
@@ -25,6 +26,7 @@ tokens_app = typer.Typer(no_args_is_help=True, help="Operator tokens for the API
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(executions_app, name="executions")
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(mcp_app, name="mcp")
 
 DataDir = Annotated[Path, typer.Option(help="Where the dev stack keeps its state.")]
 TemporalPort = Annotated[int, typer.Option(help="Temporal gRPC port.")]

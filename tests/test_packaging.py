@@ -40,6 +40,9 @@ NEED_AN_EXTRA = {
     "examples.billing.problems": "api",
     "examples.billing.service": "api",
     "examples.billing.serving": "api",
+    "examples.billing_mcp": "mcp",
+    "examples.billing_mcp.__main__": "mcp",
+    "examples.billing_mcp.server": "mcp",
 }
 
 # Run inside the clean environment: import every module the wheel installed, report each outcome.
@@ -191,7 +194,7 @@ def test_the_installed_worker_check_passes_on_agents_yaml_without_temporal_or_po
     )
     done = base_venv.run(str(base_venv.bin / "onceflow"), "worker", "--check", cwd=elsewhere, env=environment)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "agents.yaml: 3 agent(s)" in done.stdout
+    assert "agents.yaml: 5 agent(s)" in done.stdout
     assert "all keep the tool contract" in done.stdout
 
 

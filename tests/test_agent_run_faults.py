@@ -26,6 +26,7 @@ from tests.support.history import (
     reset_run,
     workflow_task_completed_after,
 )
+from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
 
@@ -45,17 +46,6 @@ async def harness(
     DOWNSTREAM.reset()
     async with running_worker(temporal_env.client, ledger, registry) as h:
         yield h
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 20, what: str = "") -> None:
-    async def poll() -> None:
-        while not await check():
-            await asyncio.sleep(0.05)
-
-    try:
-        await asyncio.wait_for(poll(), timeout)
-    except TimeoutError:
-        raise AssertionError(f"gave up after {timeout}s waiting for {what or check}") from None
 
 
 def outcome_of(client: Client, run: ActivityRun) -> ToolOutcome:
@@ -187,7 +177,7 @@ async def _ledger_down_at_reserve(harness: Harness, admin: asyncpg.Connection, d
         async def refused_twice() -> bool:
             return len(await refused_writes()) >= 2
 
-        await eventually(refused_twice, what="two refused reservations")
+        await eventually(refused_twice, "two refused reservations", timeout=20)
         failures = [r.failure for r in await refused_writes()]
         assert all(f is not None for f in failures)
         assert {f.application_failure_info.type for f in failures if f} == {ERR_LEDGER_UNAVAILABLE}

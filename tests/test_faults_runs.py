@@ -22,7 +22,7 @@ import asyncio
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -40,6 +40,7 @@ from onceflow.payloads import AgentRunResult, Phase, ResolveSignal, SettleInput,
 from tests.support.fault_tools import AFTER_ANSWER, BEFORE_SEND, ZOMBIES
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.proxy import DroppingProxy
+from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
 
@@ -127,17 +128,6 @@ def account_of(order: str) -> str:
 
 def order_input(order: str) -> str:
     return json.dumps({"order_id": order})
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 30) -> None:
-    async def poll() -> None:
-        while not await check():
-            await asyncio.sleep(0.05)
-
-    try:
-        await asyncio.wait_for(poll(), timeout)
-    except TimeoutError:
-        raise AssertionError(f"gave up after {timeout}s waiting for {what}") from None
 
 
 async def paused_on(handle: RunHandle, ledger: Ledger, key: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,6 +22,7 @@ from onceflow.payloads import AgentRunResult, Phase, ReconcileResult, ResolveSig
 from tests.support.agents import credit_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.operator_api import OperatorApi, serving_api
+from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
 from workflows.reconcile import reconcile_workflow_id
@@ -53,17 +54,6 @@ async def harness(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIte
     DOWNSTREAM.reset()
     async with running_worker(temporal_env.client, ledger, _registry()) as h:
         yield h
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20) -> None:
-    async def poll() -> None:
-        while not await check():
-            await asyncio.sleep(0.1)
-
-    try:
-        await asyncio.wait_for(poll(), timeout)
-    except TimeoutError:
-        raise AssertionError(f"gave up after {timeout}s waiting for {what}") from None
 
 
 async def attribute(handle: WorkflowHandle[Any, Any], key: SearchAttributeKey[Any]) -> Any:

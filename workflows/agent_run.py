@@ -66,8 +66,6 @@ with workflow.unsafe.imports_passed_through():
         EscalatedSignal,
         ExpireApprovalInput,
         Message,
-        ModelCallInput,
-        ModelTurn,
         OwnerOutcome,
         Phase,
         ReconcileInput,
@@ -82,6 +80,8 @@ with workflow.unsafe.imports_passed_through():
         ToolSpec,
     )
     from workflows.reconcile import ReconcileWorkflow, reconcile_workflow_id
+
+from workflows.conversation import Conversation
 
 # A write activity that failed in an unexpected way before reserving is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
@@ -239,7 +239,7 @@ class AgentRunWorkflow:
             retry_policy=MODEL_RETRY,
             summary=f"load agent {run_input.agent}",
         )
-        conversation = _Conversation(
+        conversation = Conversation(
             run_id=workflow.info().workflow_id,
             tenant=run_input.tenant,
             agent=spec.name,
@@ -556,48 +556,6 @@ class AgentRunWorkflow:
 
     def _calls_by_key(self) -> dict[str, CallSummary]:
         return {c.key: c for c in self._calls.values() if c.key}
-
-
-class _Conversation:
-    """The messages of a run as the workflow holds them.
-
-    Inline, it keeps the whole conversation and sends it every turn (history grows with the square
-    of the turns). By reference, it keeps only what was added since the last model turn, and sends
-    that with the head of the stored conversation, which the model activity extends and reads.
-    """
-
-    def __init__(self, *, run_id: str, tenant: str, agent: str, by_reference: bool) -> None:
-        self.run_id = run_id
-        self.tenant = tenant
-        self.agent = agent
-        self.by_reference = by_reference
-        self.messages: list[Message] = []  # by reference: only those not stored yet
-        self._head: str | None = None
-        self._stored = 0
-
-    def request(self) -> ModelCallInput:
-        if not self.by_reference:
-            return ModelCallInput(agent=self.agent, run_id=self.run_id, messages=list(self.messages))
-        return ModelCallInput(
-            agent=self.agent,
-            run_id=self.run_id,
-            tenant=self.tenant,
-            messages=list(self.messages),
-            by_reference=True,
-            head=self._head,
-            length=self._stored,
-        )
-
-    def sent(self, answer: ModelTurn) -> None:
-        """The model answered the last request: what it carried is stored now."""
-        if self.by_reference:
-            if answer.conversation_head is None:
-                raise ApplicationError(
-                    "the model activity did not store the conversation", type="ConversationMissing"
-                )
-            self._head = answer.conversation_head
-            self._stored += len(self.messages)
-            self.messages.clear()
 
 
 def _summary(outcome: ToolOutcome) -> CallSummary:

@@ -1,8 +1,8 @@
-"""A TCP proxy in front of the billing service that counts credit requests per Idempotency-Key and
-can hold them.
+"""A TCP proxy in front of the billing service that can hold credit requests in flight.
 
-The billing service answers a repeated key from its record, so counting its effects cannot show a
-second send; this counts what arrives. While `holding` is set, each `POST /credits` is kept at the
+It notes each held request's Idempotency-Key, so a test knows which calls are on the wire; whether a
+key was sent more than once is counted at the billing service itself (`BillingClient.received_counts`),
+the one count the tests use. While `holding` is set, each `POST /credits` is kept at the
 proxy (the caller waits, as for a slow downstream) until `release()`; then it goes on to the
 service, even if the caller has gone meanwhile, as a request already on the wire would.
 

@@ -26,6 +26,7 @@ def outcome_from_record(record: ToolExecutionRecord, *, replayed: bool = False) 
         error=record.error or record.reason,
         failure_kind=record.failure_kind,
         replayed=replayed,
+        reused_from=record.reused_from.rpartition(":")[2] if record.reused_from else None,
     )
 
 

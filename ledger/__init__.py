@@ -14,6 +14,7 @@ from ledger.errors import (
     RecordNotFoundError,
     TenantMismatchError,
 )
+from ledger.guards import Guard, GuardArgumentError
 from ledger.migrate import migrate
 from ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
 from ledger.retention import PurgeReport, purge_settled
@@ -40,6 +41,8 @@ __all__ = [
     "ConflictNotOpenError",
     "EventSource",
     "FailureKind",
+    "Guard",
+    "GuardArgumentError",
     "InvalidTransitionError",
     "Ledger",
     "LedgerError",

@@ -22,6 +22,8 @@ WITH reserved AS (
             updated_at = clock_timestamp()
         WHERE t.status = 'failed' AND t.payload_sha256 = EXCLUDED.payload_sha256
           AND t.tenant = EXCLUDED.tenant
+          -- A refusal on policy grounds, or by a guard, is final for its key.
+          AND coalesce(t.failure_kind, '') NOT IN ('policy_refused', 'guard_refused')
           -- A failed call whose owner says it completed is never sent again until an operator acted.
           AND (t.conflict_at IS NULL OR t.conflict_cleared_at IS NOT NULL)
     RETURNING t.*, (xmax = 0) AS inserted
@@ -108,7 +110,7 @@ RETURNING *
 LIST_UNRESOLVED = """
 (SELECT * FROM tool_executions
   WHERE tenant = $1
-    AND status IN ('started', 'indeterminate', 'awaiting_approval')
+    AND status IN ('started', 'indeterminate', 'awaiting_approval', 'held')
     AND status = ANY($2::text[])
     AND (status <> 'started' OR coalesce(lease_expires_at < clock_timestamp(), false))
     AND ($3::text IS NULL OR tool_name = $3)
@@ -130,6 +132,76 @@ UNION ALL
   LIMIT $8)
 ORDER BY created_at, key
 LIMIT $8
+"""
+
+# -- guards (ledger/guards.py) --------------------------------------------------------------------
+
+# A lock held until the transaction ends; a hash collision only makes unrelated calls take turns.
+GUARD_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+
+# Other calls of the run with the same tool and canonical payload, newest first.
+SAME_INTENT = """
+SELECT * FROM tool_executions
+ WHERE run_id = $1 AND payload_sha256 = $2 AND key <> $3
+ ORDER BY created_at DESC, key DESC
+"""
+
+# A call that already replaced $1 and did not fail (a failed replacement may be replaced again).
+REPLACED_BY = """
+SELECT key FROM tool_executions
+ WHERE replaces = $1 AND key <> $2 AND status <> 'failed'
+ ORDER BY created_at LIMIT 1
+"""
+
+# The unresolved call of an entity, if any (held calls wait, so they do not count).
+ENTITY_BUSY = """
+SELECT * FROM tool_executions
+ WHERE tenant = $1 AND tool_name = $2 AND entity = $3 AND key <> $4
+   AND status IN ('awaiting_approval', 'started', 'indeterminate')
+ ORDER BY created_at LIMIT 1
+"""
+
+# What an entity's budget already carries: completed amounts, and those nobody can yet rule out
+# (unresolved, or failed with an open conflict: its owner says it took effect). Reused results and
+# compensated calls draw nothing.
+ENTITY_BUDGET_USED = """
+SELECT coalesce(sum(amount) FILTER (WHERE status = 'completed'), 0) AS completed,
+       coalesce(sum(amount) FILTER (WHERE status <> 'completed'), 0) AS unresolved
+  FROM tool_executions
+ WHERE tenant = $1 AND tool_name = $2 AND entity = $3 AND key <> $4
+   AND amount IS NOT NULL AND reused_from IS NULL
+   AND (status IN ('awaiting_approval', 'started', 'indeterminate', 'completed')
+        OR (status = 'failed' AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL))
+"""
+
+# A guarded reservation writes the call as the guards decided: started or awaiting approval
+# (proceed), held, completed with another call's result (reuse), or failed (refused). The caller
+# holds the row's lock when it exists; $27 is what the attempt grows by (1 after a failure).
+GUARDED_WRITE = """
+INSERT INTO tool_executions AS t
+    (key, tenant, run_id, tool_call_id, agent, tool_name, side_effect, status,
+     payload, payload_sha256, owner, lease_expires_at,
+     entity, entity_exclusive, amount, budget_limit, replaces, held_by, hold_reason,
+     reused_from, result, result_reference, failure_kind, error,
+     settled_at, settled_by, reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, clock_timestamp() + $12::interval,
+        $13, $14, $15, $16, $17, $18, $19, $20, $21::jsonb, $22, $23, $24,
+        CASE WHEN $8 IN ('completed', 'failed') THEN clock_timestamp() END, $25, $26)
+ON CONFLICT (key) DO UPDATE
+    SET status = EXCLUDED.status, attempt = t.attempt + $27, owner = EXCLUDED.owner,
+        lease_expires_at = EXCLUDED.lease_expires_at,
+        entity = EXCLUDED.entity, entity_exclusive = EXCLUDED.entity_exclusive,
+        amount = EXCLUDED.amount, budget_limit = EXCLUDED.budget_limit, replaces = EXCLUDED.replaces,
+        held_by = EXCLUDED.held_by, hold_reason = EXCLUDED.hold_reason,
+        reused_from = EXCLUDED.reused_from, result = EXCLUDED.result,
+        result_reference = EXCLUDED.result_reference, failure_kind = EXCLUDED.failure_kind,
+        error = EXCLUDED.error, settled_at = EXCLUDED.settled_at, settled_by = EXCLUDED.settled_by,
+        reason = EXCLUDED.reason, evidence = NULL,
+        approved_by = NULL, approved_at = NULL, escalated_to = NULL, escalated_at = NULL,
+        conflict_at = NULL, conflict_detail = NULL,
+        conflict_cleared_at = NULL, conflict_cleared_by = NULL,
+        updated_at = clock_timestamp()
+RETURNING t.*, (xmax = 0) AS inserted
 """
 
 # -- operator decisions ---------------------------------------------------------------------------

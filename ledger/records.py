@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -68,6 +69,16 @@ class ToolExecutionRecord(BaseModel):
     conflict_detail: Any = None
     conflict_cleared_at: datetime | None = None
     conflict_cleared_by: str | None = None
+    # Guards (ledger/guards.py): the entity the call acts on, what it draws on that entity's budget,
+    # the call it replaces, the call it waits for while held, and the call whose result it reused.
+    entity: str | None = None
+    entity_exclusive: bool = False
+    amount: Decimal | None = None
+    budget_limit: Decimal | None = None
+    replaces: str | None = None
+    held_by: str | None = None
+    hold_reason: str | None = None
+    reused_from: str | None = None
     events: list[ToolExecutionEvent] = []
 
     @property
@@ -85,6 +96,9 @@ class Reservation(StrEnum):
     COMPLETED = "completed"  # already done: use the recorded result, do not call the tool
     IN_FLIGHT = "in_flight"  # started or indeterminate: never dispatch again
     SETTLED = "settled"  # denied or compensated: a final answer that is not a result
+    HELD = "held"  # a guard holds it behind another call: recorded, not sent; reserve again later
+    REUSED = "reused"  # the same intent completed before: its recorded result, nothing sent
+    REFUSED = "refused"  # a guard refused it (budget, busy entity, lineage): final, nothing sent
 
 
 class ReserveResult(BaseModel):

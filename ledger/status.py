@@ -7,6 +7,7 @@ class Status(StrEnum):
     """Where one tool call stands. See docs/architecture.md for the transitions."""
 
     AWAITING_APPROVAL = "awaiting_approval"
+    HELD = "held"  # recorded, not sent: waits for another call to settle (ledger/guards.py)
     STARTED = "started"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -24,7 +25,7 @@ class Status(StrEnum):
         return self in SETTLED
 
 
-UNRESOLVED = frozenset({Status.AWAITING_APPROVAL, Status.STARTED, Status.INDETERMINATE})
+UNRESOLVED = frozenset({Status.AWAITING_APPROVAL, Status.HELD, Status.STARTED, Status.INDETERMINATE})
 SETTLED = frozenset({Status.COMPLETED, Status.FAILED, Status.DENIED, Status.COMPENSATED})
 
 
@@ -44,6 +45,14 @@ class FailureKind(StrEnum):
     REJECTED = "rejected"  # the other system answered no
     NOT_APPLIED = "not_applied"  # settled after the fact: a reconcile hook or operator found no effect
     DENIED = "denied"  # an operator denied approval
+    # Final: never re-reserved under the key, and the model is told not to try again.
+    POLICY_REFUSED = "policy_refused"  # the other system refused on policy grounds (a limit, a rule)
+    GUARD_REFUSED = "guard_refused"  # a guard of the ledger refused before anything was sent
+
+    @property
+    def is_final(self) -> bool:
+        """A refusal that stands: the same call is not worth sending again."""
+        return self in (FailureKind.POLICY_REFUSED, FailureKind.GUARD_REFUSED)
 
 
 class EventSource(StrEnum):
@@ -61,6 +70,7 @@ class EventSource(StrEnum):
     RECONCILER = "reconciler"  # a tool's reconcile hook, or its escalation
     DEADLINE = "deadline"  # a deadline ran out (approval)
     COMPENSATION = "compensation"  # the compensation workflow an operator asked for
+    GUARD = "guard"  # an intent, entity or budget guard, inside a reservation
     UNRECORDED = "unrecorded"  # events written before sources were recorded
 
 

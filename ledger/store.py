@@ -22,6 +22,8 @@ from ledger.errors import (
     RecordNotFoundError,
     TenantMismatchError,
 )
+from ledger.guarded import GuardedReservations
+from ledger.guards import Guard
 from ledger.records import (
     Reservation,
     ReserveResult,
@@ -39,6 +41,7 @@ _EXISTING_OUTCOME = {
     Status.STARTED: Reservation.IN_FLIGHT,
     Status.INDETERMINATE: Reservation.IN_FLIGHT,
     Status.AWAITING_APPROVAL: Reservation.AWAITING_APPROVAL,
+    Status.HELD: Reservation.HELD,
 }
 
 
@@ -93,7 +96,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError(f"malformed cursor {cursor!r}") from exc
 
 
-class Ledger(OperatorDecisions):
+class Ledger(OperatorDecisions, GuardedReservations):
     """The tool-execution ledger. Create with `await Ledger.connect(dsn)`; close with `close()`.
 
     Here: the call path (reserve, the owner's outcome, indeterminate) and reading. Operators'
@@ -112,14 +115,32 @@ class Ledger(OperatorDecisions):
         owner: str,
         approval: bool = False,
         lease: timedelta | None = None,
+        guard: Guard | None = None,
     ) -> ReserveResult:
         """Write the call down before it runs. Of any number of racing callers, one may send.
 
         `lease`: how long the owner may hold the call `started` before it counts as gone (the
         tool's timeout plus a margin). With `approval`, the call is recorded `awaiting_approval`;
         once an operator approved it, the next reservation with the same payload claims it.
+        With `guard`, the intent, lineage, entity and budget checks (ledger.guards) decide first,
+        in the same transaction: the call may come back held, reused or refused instead.
         """
         payload = canonical_payload(tool_name, arguments)
+        if guard is not None:
+            return await self.reserve_guarded(
+                key=call.key,
+                tenant=call.tenant,
+                run_id=call.run_id,
+                tool_call_id=call.tool_call_id,
+                agent=call.agent,
+                tool_name=tool_name,
+                side_effect=side_effect,
+                payload=payload,
+                owner=owner,
+                approval=approval,
+                lease=lease,
+                guard=guard,
+            )
         initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
         async with self.connection("reserve", key=call.key, tool=tool_name) as conn:
             # A row seen as `failed` here was re-reserved and failed again between our two
@@ -164,8 +185,10 @@ class Ledger(OperatorDecisions):
                     record = to_record(claimed)
                     self.annotate(record, Reservation.NEW)
                     return ReserveResult(outcome=Reservation.NEW, record=record)
-                # A failed call in open conflict (its owner says it took effect) is not re-sent.
-                if record.status is not Status.FAILED or record.has_conflict:
+                # A failed call in open conflict (its owner says it took effect) is not re-sent, and
+                # neither is a final refusal.
+                final = record.failure_kind is not None and record.failure_kind.is_final
+                if record.status is not Status.FAILED or record.has_conflict or final:
                     outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
                     self.annotate(record, outcome)
                     return ReserveResult(outcome=outcome, record=record)

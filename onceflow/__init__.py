@@ -3,12 +3,14 @@
 from ledger import ToolExecutionRecord
 from onceflow.tools import (
     Effect,
+    Guards,
     InvalidToolArgumentsError,
     OutcomeStatus,
     ReconcileOutcome,
     Tool,
     ToolContext,
     ToolNotAttemptedError,
+    ToolRefusedError,
     ToolRejectedError,
     Toolset,
     destructive,
@@ -19,6 +21,7 @@ from onceflow.tools import (
 
 __all__ = [
     "Effect",
+    "Guards",
     "InvalidToolArgumentsError",
     "OutcomeStatus",
     "ReconcileOutcome",
@@ -26,6 +29,7 @@ __all__ = [
     "ToolContext",
     "ToolExecutionRecord",
     "ToolNotAttemptedError",
+    "ToolRefusedError",
     "ToolRejectedError",
     "Toolset",
     "destructive",

@@ -208,6 +208,8 @@ class ToolOutcome(_Frozen):
     replayed: bool = False  # the ledger already had the result; the tool was not called
     settled_by: str | None = None  # who settled it, when not the attempt that sent it
     settlement_reason: str | None = None
+    # The tool call id of the same call whose recorded result this one was given (intent `reuse`).
+    reused_from: str | None = None
 
     def for_model(self) -> dict[str, Any]:
         """The truth, as the model is told it."""
@@ -218,8 +220,25 @@ class ToolOutcome(_Frozen):
         return told
 
     def _told(self) -> dict[str, Any]:
+        if self.status is Status.COMPLETED and self.reused_from:
+            return {
+                "ok": True,
+                "result": self.value,
+                "reused_from": self.reused_from,
+                "note": f"the same call ({self.reused_from}) already took effect; this is its result, "
+                "and nothing was sent again",
+            }
         if self.status in (Status.COMPLETED, "ok"):
             return {"ok": True, "result": self.value}
+        if self.status is Status.FAILED and self.failure_kind is not None and self.failure_kind.is_final:
+            return {
+                "ok": False,
+                "took_effect": False,
+                "reason": self.failure_kind,
+                "final": True,
+                "error": self.error,
+                "note": "refused, and final: do not make this call again",
+            }
         if self.status is Status.COMPENSATED:
             return {"ok": False, "took_effect": True, "compensated": True, "result": self.value}
         if self.status in (Status.FAILED, Status.DENIED):

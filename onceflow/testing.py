@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from onceflow.tools import READ_ATTEMPTS, Tool
+from onceflow.tools import READ_ATTEMPTS, Guards, Tool
 
 # Argument names that look like a deduplication key. The key is onceflow's to make, never the model's.
 _KEY_LIKE = re.compile(r"idempot|dedup|(^|_)idem(_|$)|request_?id$|^key$", re.IGNORECASE)
@@ -37,6 +37,10 @@ def tool_contract_problems(tool: Tool) -> list[str]:
             problems.append("approval is for tools that change the world, not reads")
         if tool.compensation is not None:
             problems.append("a read tool has nothing to compensate")
+        if tool.guards != Guards():
+            problems.append("guards are for tools that change the world, not reads")
+        if effect.dedup_window is not None:
+            problems.append("a dedup window is for tools that change the world, not reads")
     key_like = [n for n in tool.arguments_model.model_fields if _KEY_LIKE.search(n)]
     if key_like:
         problems.append(
@@ -45,6 +49,9 @@ def tool_contract_problems(tool: Tool) -> list[str]:
         )
     if effect.timeout.total_seconds() <= 0:
         problems.append("its timeout must be positive")
+    if effect.dedup_window is not None and effect.dedup_window <= effect.timeout:
+        problems.append("its dedup window must be longer than its timeout")
+    problems.extend(tool.guards.problems(set(tool.arguments_model.model_fields)))
     return problems
 
 

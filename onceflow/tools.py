@@ -14,12 +14,13 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from enum import StrEnum
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from ledger import SideEffect, ToolExecutionRecord
+from ledger import Guard, SideEffect, ToolExecutionRecord
 
 DEFAULT_TOOL_TIMEOUT = timedelta(seconds=10)
 READ_ATTEMPTS = 3
@@ -33,6 +34,9 @@ class Effect:
     max_attempts: int
     timeout: timedelta = DEFAULT_TOOL_TIMEOUT
     approval: bool = False
+    # How long the receiver honours a repeated idempotency key. Within it an unknown call may be
+    # settled by sending it again with the same key (a reconcile strategy); after it, never.
+    dedup_window: timedelta | None = None
 
     @property
     def changes_the_world(self) -> bool:
@@ -44,19 +48,88 @@ def read(*, timeout: timedelta = DEFAULT_TOOL_TIMEOUT) -> Effect:
     return Effect(SideEffect.READ, max_attempts=READ_ATTEMPTS, timeout=timeout)
 
 
-def write(*, timeout: timedelta = DEFAULT_TOOL_TIMEOUT, approval: bool = False) -> Effect:
+def write(
+    *,
+    timeout: timedelta = DEFAULT_TOOL_TIMEOUT,
+    approval: bool = False,
+    dedup_window: timedelta | None = None,
+) -> Effect:
     """Changes our own records: one attempt, reserved in the ledger first."""
-    return Effect(SideEffect.WRITE, max_attempts=1, timeout=timeout, approval=approval)
+    return Effect(SideEffect.WRITE, 1, timeout, approval, dedup_window)
 
 
-def external(*, timeout: timedelta = DEFAULT_TOOL_TIMEOUT, approval: bool = False) -> Effect:
+def external(
+    *,
+    timeout: timedelta = DEFAULT_TOOL_TIMEOUT,
+    approval: bool = False,
+    dedup_window: timedelta | None = None,
+) -> Effect:
     """Sends something to another system (money, messages): one attempt, reserved first."""
-    return Effect(SideEffect.EXTERNAL, max_attempts=1, timeout=timeout, approval=approval)
+    return Effect(SideEffect.EXTERNAL, 1, timeout, approval, dedup_window)
 
 
-def destructive(*, timeout: timedelta = DEFAULT_TOOL_TIMEOUT, approval: bool = False) -> Effect:
+def destructive(
+    *,
+    timeout: timedelta = DEFAULT_TOOL_TIMEOUT,
+    approval: bool = False,
+    dedup_window: timedelta | None = None,
+) -> Effect:
     """Deletes or overwrites: one attempt, reserved first."""
-    return Effect(SideEffect.DESTRUCTIVE, max_attempts=1, timeout=timeout, approval=approval)
+    return Effect(SideEffect.DESTRUCTIVE, 1, timeout, approval, dedup_window)
+
+
+@dataclass(frozen=True)
+class Guards:
+    """What the ledger checks before a write is sent, in the reservation's own transaction.
+
+    The default holds a call while the same call (same tool, same canonical arguments) of the same
+    run is unresolved, and after that sends it as a new effect. See ledger/guards.py.
+
+    - intent: once the same call has completed, `hold` sends this one as a new effect (two equal
+      credits can both be owed), `reuse` hands back the recorded result and sends nothing (same
+      arguments mean the same intent), `allow` checks nothing at all.
+    - entity: the argument naming the business entity (e.g. "order_id"). With it, at most one
+      unresolved call of this tool per entity exists across the tenant's runs; `on_busy` says what
+      happens to a second: `hold` it until the first is settled, `refuse` it, or `allow` it.
+    - amount, limit | limit_from: a budget per entity. The call is reserved only if completed plus
+      unresolved amounts stay within the limit: a number, or what `limit_from` (a read tool of the
+      same agent, called with the entity argument alone) returns: a number, or {"limit": number}.
+      The limit is the entity's total (an order's captured amount), not what is left of it.
+    - replaceable: the model may name an earlier call of this tool that this one replaces, in an
+      extra `replaces` argument (its tool call id). Refused while that call is unresolved.
+    """
+
+    intent: Literal["hold", "reuse", "allow"] = "hold"
+    entity: str | None = None
+    on_busy: Literal["hold", "refuse", "allow"] = "hold"
+    amount: str | None = None
+    limit: int | float | Decimal | None = None
+    limit_from: str | None = None
+    replaceable: bool = False
+
+    def problems(self, arguments: set[str]) -> list[str]:
+        """What is wrong with this declaration for a tool with these arguments."""
+        found = []
+        for role, name in (("entity", self.entity), ("amount", self.amount)):
+            if name is not None and name not in arguments:
+                found.append(f"guards.{role} names {name!r}, which is not one of its arguments")
+        if self.amount is not None and self.entity is None:
+            found.append("a budget (guards.amount) is kept per entity: declare guards.entity too")
+        if self.amount is not None and (self.limit is None) == (self.limit_from is None):
+            found.append("a budget needs exactly one of guards.limit and guards.limit_from")
+        if self.amount is None and (self.limit is not None or self.limit_from is not None):
+            found.append("guards.limit and guards.limit_from need guards.amount")
+        if self.limit is not None and Decimal(str(self.limit)) < 0:
+            found.append("guards.limit cannot be negative")
+        if self.replaceable and REPLACES_ARGUMENT in arguments:
+            found.append(
+                f"guards.replaceable adds a {REPLACES_ARGUMENT!r} argument; the tool has one already"
+            )
+        return found
+
+
+# The argument a replaceable tool's schema gains: the tool call id of the call it replaces.
+REPLACES_ARGUMENT = "replaces"
 
 
 @dataclass(frozen=True)
@@ -79,6 +152,11 @@ class ToolNotAttemptedError(Exception):
 
 class ToolRejectedError(Exception):
     """The other system answered no: definitely not applied. The model is told the reason."""
+
+
+class ToolRefusedError(Exception):
+    """The other system refused on policy grounds (an authorization limit, a guardrail): not applied,
+    and final. The call is never sent again, and the model is told not to try it again."""
 
 
 class OutcomeStatus(StrEnum):
@@ -151,18 +229,67 @@ class Tool:
     context_parameter: str | None
     reconcile: ReconcileHook | None = None
     compensation: CompensationHook | None = None
+    guards: Guards = Guards()
 
     @property
     def side_effect(self) -> SideEffect:
         return self.effect.side_effect
 
     def json_schema(self) -> dict[str, Any]:
-        """The schema the model sees: the signature without `context`."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": self.arguments_model.model_json_schema(),
-        }
+        """The schema the model sees: the signature without `context` (and with `replaces`, for a
+        replaceable tool)."""
+        parameters = self.arguments_model.model_json_schema()
+        if self.guards.replaceable:
+            parameters.setdefault("properties", {})[REPLACES_ARGUMENT] = {
+                "type": "string",
+                "description": "Only to correct an earlier call of this tool in this conversation: "
+                "that call's tool call id. Leave it out for a new call.",
+            }
+        return {"name": self.name, "description": self.description, "parameters": parameters}
+
+    def split_replaces(self, arguments: Any) -> tuple[Any, str | None]:
+        """The model's arguments without `replaces`, and the tool call id it names (None if none)."""
+        if (
+            not self.guards.replaceable
+            or not isinstance(arguments, dict)
+            or REPLACES_ARGUMENT not in arguments
+        ):
+            return arguments, None
+        rest = {k: v for k, v in arguments.items() if k != REPLACES_ARGUMENT}
+        named = arguments[REPLACES_ARGUMENT]
+        if named is None or named == "":
+            return rest, None
+        if not isinstance(named, str):
+            raise InvalidToolArgumentsError(
+                self.name, [f"{REPLACES_ARGUMENT}: must be a tool call id (a string)"]
+            )
+        return rest, named
+
+    def ledger_guard(
+        self, arguments: dict[str, Any], *, replaces_key: str | None = None, limit: Decimal | None = None
+    ) -> Guard:
+        """The guard the ledger checks for one call: the declaration, with this call's values."""
+        declared = self.guards
+        entity = None if declared.entity is None else str(arguments[declared.entity])
+        amount = None
+        if declared.amount is not None:
+            try:
+                amount = Decimal(str(arguments[declared.amount]))
+            except ArithmeticError:
+                raise InvalidToolArgumentsError(self.name, [f"{declared.amount}: not a number"]) from None
+            if not amount.is_finite() or amount < 0:
+                raise InvalidToolArgumentsError(self.name, [f"{declared.amount}: must not be negative"])
+            if limit is None:
+                limit = Decimal(str(declared.limit)) if declared.limit is not None else None
+        return Guard(
+            intent=declared.intent,
+            entity=entity,
+            exclusive=entity is not None and declared.on_busy != "allow",
+            on_busy="refuse" if declared.on_busy == "refuse" else "hold",
+            amount=amount,
+            limit=limit if amount is not None else None,
+            replaces=replaces_key,
+        )
 
     def validate_arguments(self, arguments: Any) -> dict[str, Any]:
         """Check a model's arguments against the schema. Raises InvalidToolArgumentsError."""
@@ -236,6 +363,7 @@ class Toolset:
         description: str | None = None,
         reconcile: ReconcileHook | None = None,
         compensation: CompensationHook | None = None,
+        guards: Guards | None = None,
     ) -> Callable[[ToolFunction], Tool]:
         def register(fn: ToolFunction) -> Tool:
             if not inspect.iscoroutinefunction(fn):
@@ -254,6 +382,7 @@ class Toolset:
                 context_parameter=context_parameter,
                 reconcile=reconcile,
                 compensation=compensation,
+                guards=guards or Guards(),
             )
             self._tools[tool_name] = tool
             return tool

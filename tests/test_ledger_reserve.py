@@ -169,14 +169,15 @@ async def _insert_row(conn: asyncpg.Connection, key: str, status: Status) -> Non
     run_id, tool_call_id = key.split(":")
     await conn.execute(
         "INSERT INTO tool_executions (key, tenant, run_id, tool_call_id, tool_name, side_effect, status,"
-        " payload, payload_sha256, owner) VALUES ($1, 't1', $2, $3, 'issue_credit', 'external', $4,"
-        " $5::jsonb, $6, 'worker-1')",
+        " payload, payload_sha256, owner, held_by) VALUES ($1, 't1', $2, $3, 'issue_credit', 'external',"
+        " $4, $5::jsonb, $6, 'worker-1', $7)",
         key,
         run_id,
         tool_call_id,
         status.value,
         payload.text,
         payload.sha256,
+        "run-other:call-0" if status is Status.HELD else None,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 from typing import Any, Literal
 
 from temporalio import activity
@@ -16,6 +17,7 @@ from ledger import (
     CallIdentity,
     EventSource,
     FailureKind,
+    GuardArgumentError,
     Ledger,
     LedgerUnavailableError,
     OutcomeIgnoredError,
@@ -102,11 +104,27 @@ def _oversized(value: Any, cap: int) -> str | None:
 
 def _checked_arguments(tool: Tool, call: ToolCall) -> dict[str, Any]:
     """The call's arguments, validated; InvalidToolArgumentsError if the model sent something else."""
+    return _split_arguments(tool, call)[0]
+
+
+def _split_arguments(tool: Tool, call: ToolCall) -> tuple[dict[str, Any], str | None]:
+    """The call's own arguments, validated, and the tool call id it says it replaces (if any)."""
     if call.invalid_arguments is not None:
         raise InvalidToolArgumentsError(
             tool.name, [f"arguments must be a JSON object, got {call.invalid_arguments[:200]!r}"]
         )
-    return tool.validate_arguments(call.arguments)
+    arguments, replaces = tool.split_replaces(call.arguments)
+    return tool.validate_arguments(arguments), replaces
+
+
+class BudgetLimitUnavailableError(Exception):
+    """The read tool that gives a budget's limit failed or answered something else: nothing sent."""
+
+    def __init__(self, tool: str, reader: str, problem: str) -> None:
+        super().__init__(
+            f"{tool} was not sent: its budget limit comes from {reader}, which failed ({problem[:300]}); "
+            "try again later"
+        )
 
 
 def _refused(call: ToolCall, error: Exception) -> ToolOutcome:
@@ -152,8 +170,13 @@ class ToolActivities:
         tool = self.registry.tool(tool_input.agent, tool_input.call.name)
         call = tool_input.call
         try:
-            arguments = _checked_arguments(tool, call)
-        except InvalidToolArgumentsError as exc:
+            arguments, replaces = _split_arguments(tool, call)
+            guard = tool.ledger_guard(
+                arguments,
+                replaces_key=call_key(tool_input.run_id, replaces) if replaces else None,
+                limit=await self._budget_limit(tool_input, tool, arguments),
+            )
+        except (InvalidToolArgumentsError, BudgetLimitUnavailableError) as exc:
             # Nothing reserved, nothing sent: the model is told and may try again.
             return _refused(call, exc)
         owner = owner_token(self.worker_identity)
@@ -170,7 +193,10 @@ class ToolActivities:
                 approval=tool.effect.approval,
                 # Past this the owner is gone: the activity's own deadline has passed too.
                 lease=tool.effect.timeout + ACTIVITY_MARGIN,
+                guard=guard,
             )
+        except GuardArgumentError as exc:
+            return _refused(call, exc)
         except LedgerUnavailableError as exc:
             raise ApplicationError(
                 f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
@@ -200,6 +226,31 @@ class ToolActivities:
                 type=ERR_OUTCOME_NOT_RECORDED,
                 non_retryable=True,
             ) from exc
+
+    async def _budget_limit(
+        self, tool_input: ToolCallInput, tool: Tool, arguments: dict[str, Any]
+    ) -> Decimal | None:
+        """The entity's limit, read from the tool's `limit_from` read tool, when it declares one."""
+        declared = tool.guards
+        if declared.limit_from is None or declared.entity is None:
+            return None
+        reader = self.registry.tool(tool_input.agent, declared.limit_from)
+        context = _context(tool_input, 1)
+        try:
+            value = await asyncio.wait_for(
+                reader.invoke({declared.entity: arguments[declared.entity]}, context),
+                reader.effect.timeout.total_seconds(),
+            )
+        except Exception as exc:  # any failure: nothing is reserved, and the model is told
+            raise BudgetLimitUnavailableError(tool.name, reader.name, f"{type(exc).__name__}: {exc}") from exc
+        found = value.get("limit") if isinstance(value, dict) else value
+        try:
+            limit = Decimal(str(found))
+        except ArithmeticError:
+            limit = Decimal("NaN")
+        if isinstance(found, bool) or not limit.is_finite() or limit < 0:
+            raise BudgetLimitUnavailableError(tool.name, reader.name, f"returned {value!r}, not a limit")
+        return limit
 
     async def _send(
         self, tool: Tool, arguments: dict[str, Any], context: ToolContext, owner: str

@@ -15,7 +15,9 @@ UNRESOLVED_KEYS = SearchAttributeKey.for_keyword_list("OnceflowUnresolvedKeys")
 ESCALATED_TO = SearchAttributeKey.for_keyword("OnceflowEscalatedTo")
 # Calls of the run whose late outcome contradicted the decision (open conflicts in the ledger).
 CONFLICT_KEYS = SearchAttributeKey.for_keyword_list("OnceflowConflictKeys")
-SEARCH_ATTRIBUTES = (PHASE, TENANT, AGENT, UNRESOLVED_KEYS, ESCALATED_TO, CONFLICT_KEYS)
+# Calls of the run that a guard holds (recorded, not sent) until another call is settled.
+HELD_KEYS = SearchAttributeKey.for_keyword_list("OnceflowHeldKeys")
+SEARCH_ATTRIBUTES = (PHASE, TENANT, AGENT, UNRESOLVED_KEYS, ESCALATED_TO, CONFLICT_KEYS, HELD_KEYS)
 
 # Reads and model calls may be repeated; writes get exactly one attempt.
 READ_RETRY = RetryPolicy(
@@ -59,3 +61,7 @@ ERR_PAYLOAD_MISMATCH = "PayloadMismatch"
 ERR_TENANT_MISMATCH = "TenantMismatch"  # the key is recorded for another tenant
 ERR_CALL_INDETERMINATE = "CallIndeterminate"
 ERR_NO_COMPENSATION = "NoCompensation"  # the tool declares no compensation hook
+
+# A held call asks the ledger again after this long, doubling up to the maximum (or when nudged).
+HOLD_RECHECK_INITIAL = timedelta(seconds=1)
+HOLD_RECHECK_MAX = timedelta(seconds=30)

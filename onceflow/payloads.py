@@ -39,6 +39,7 @@ class AgentRunResult(_Frozen):
 class Phase(StrEnum):
     RUNNING = "running"
     AWAITING_APPROVAL = "awaiting_approval"
+    HELD = "held"  # a guard holds a call until another one is settled
     AWAITING_RECONCILIATION = "awaiting_reconciliation"
     COMPLETED = "completed"
     FAILED = "failed"

@@ -270,7 +270,14 @@ class Tool:
     ) -> Guard:
         """The guard the ledger checks for one call: the declaration, with this call's values."""
         declared = self.guards
-        entity = None if declared.entity is None else str(arguments[declared.entity])
+        entity = None
+        if declared.entity is not None:
+            value = arguments.get(declared.entity)
+            if value is None or value == "" or isinstance(value, dict | list):
+                raise InvalidToolArgumentsError(
+                    self.name, [f"{declared.entity}: names the entity this call acts on, so it must be given"]
+                )
+            entity = str(value)
         amount = None
         if declared.amount is not None:
             try:

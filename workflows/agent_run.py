@@ -7,7 +7,8 @@ Updates: `resolve(ResolveSignal) -> SettleResult`: the same, but the caller gets
     back (won, or who decided first); a validator refuses bad input before it enters history.
 Queries: `status() -> RunStatus`: phase, pending calls and their last known ledger status.
 Search attributes: OnceflowPhase, OnceflowTenant, OnceflowAgent, OnceflowUnresolvedKeys,
-    OnceflowEscalatedTo. They follow the ledger: a key leaves them when its call is settled.
+    OnceflowEscalatedTo, OnceflowHeldKeys. They follow the ledger: a key leaves them when its call is
+    settled (or, for a held call, when a guard lets it go).
 A paused run also re-reads the ledger on a slow timer (`tool_policy.recheck_interval`), so a lost
 signal cannot strand it.
 """
@@ -42,6 +43,9 @@ with workflow.unsafe.imports_passed_through():
         ERR_PAYLOAD_MISMATCH,
         ERR_TENANT_MISMATCH,
         ESCALATED_TO,
+        HELD_KEYS,
+        HOLD_RECHECK_INITIAL,
+        HOLD_RECHECK_MAX,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
         MODEL_HEARTBEAT,
@@ -113,6 +117,7 @@ class AgentRunWorkflow:
         self._recheck = False
         self._attributes_follow_ledger = False
         self._conflicts: set[str] = set()
+        self._held: set[str] = set()
         self._usage: list[TokenUsage] = []
 
     @workflow.run
@@ -142,8 +147,8 @@ class AgentRunWorkflow:
         # waiting is not lost: the run then asks the ledger once more.
         self._nudged.add(signal.key)
         pending = self._pending.get(signal.key)
-        if pending is not None and pending.status == Status.AWAITING_APPROVAL:
-            return  # an approval or a denial: the waiting call asks the ledger itself
+        if pending is not None and pending.status in (Status.AWAITING_APPROVAL, Status.HELD):
+            return  # an approval, a denial, or a nudge: the waiting call asks the ledger itself
         if signal.key not in self._calls_by_key():
             self._last_resolve_error = f"{signal.key!r} is not a write call of this run"
             workflow.logger.warning(self._last_resolve_error)
@@ -174,6 +179,8 @@ class AgentRunWorkflow:
         pending = self._pending.get(request.key)
         if request.status is not None and pending is not None and pending.status == Status.AWAITING_APPROVAL:
             raise ValueError(f"{request.key} waits for approval: approve or deny it through the operator API")
+        if request.status is not None and pending is not None and pending.status == Status.HELD:
+            raise ValueError(f"{request.key} is held by a guard and was not sent: there is nothing to settle")
 
     async def _settle(self, request: ResolveSignal, *, source: str) -> SettleResult:
         """Settle (or only re-read) one call in the ledger and act on the ledger's answer."""
@@ -344,6 +351,8 @@ class AgentRunWorkflow:
             tool_call_id=call.id, tool=call.name, key=ref.key, status="started"
         )
         outcome = await self._send_once(tool, tool_input, ref)
+        if outcome.status is Status.HELD:
+            outcome = await self._await_release(tool, tool_input, ref, outcome)
         if outcome.status is Status.AWAITING_APPROVAL:
             outcome = await self._await_approval(spec, tool, tool_input, ref, outcome)
         if outcome.status is Status.STARTED:  # another attempt holds it: that is unknown, not failed
@@ -452,6 +461,32 @@ class AgentRunWorkflow:
         self._leave_pending(ref.key)
         return outcome
 
+    async def _await_release(
+        self, tool: ToolSpec, tool_input: ToolCallInput, ref: CallRef, outcome: ToolOutcome
+    ) -> ToolOutcome:
+        """A guard holds the call behind another one (same intent, or same entity); nothing was sent.
+
+        The run asks the ledger again, by reserving again, on a backoff or when nudged (a `resolve`
+        signal or the API's nudge); the ledger decides, in its own transaction, when it may go.
+        """
+        self._held.add(ref.key)
+        self._publish_held()
+        wait = HOLD_RECHECK_INITIAL.total_seconds()
+        while outcome.status is Status.HELD:
+            self._pending[ref.key] = _summary(outcome)
+            self._calls[ref.tool_call_id] = _summary(outcome)
+            self._publish_unresolved()
+            self._set_phase(Phase.HELD)
+            workflow.set_current_details(f"{ref.key} ({ref.tool}) is held, not sent: {outcome.error}")
+            await self._wait_for_nudge(ref.key, wait)
+            self._nudged.discard(ref.key)
+            wait = min(wait * 2, HOLD_RECHECK_MAX.total_seconds())
+            outcome = await self._send_once(tool, tool_input, ref)
+        self._held.discard(ref.key)
+        self._publish_held()
+        self._leave_pending(ref.key)
+        return outcome
+
     async def _wait_for_nudge(self, key: str, timeout_seconds: float) -> bool:
         try:
             await workflow.wait_condition(lambda: key in self._nudged, timeout=timeout_seconds)
@@ -547,6 +582,10 @@ class AgentRunWorkflow:
         workflow.upsert_search_attributes(
             [UNRESOLVED_KEYS.value_set(keys) if keys else UNRESOLVED_KEYS.value_unset()]
         )
+
+    def _publish_held(self) -> None:
+        keys = sorted(self._held)
+        workflow.upsert_search_attributes([HELD_KEYS.value_set(keys) if keys else HELD_KEYS.value_unset()])
 
     def _publish_escalations(self) -> None:
         owners = sorted(set(self._escalated.values()))

@@ -1,0 +1,363 @@
+"""Guards in the ledger: intent, lineage, entity and budget, decided inside the reservation."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+import pytest
+
+from ledger import (
+    CallIdentity,
+    FailureKind,
+    Guard,
+    GuardArgumentError,
+    Ledger,
+    OutcomeIgnoredError,
+    Reservation,
+    ReserveResult,
+    SideEffect,
+    Status,
+)
+
+CREDIT = {"account_id": "acct_1", "amount_cents": 2500}
+
+
+def run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:8]}"
+
+
+async def reserve(
+    ledger: Ledger,
+    run: str,
+    call_id: str,
+    guard: Guard,
+    *,
+    arguments: dict[str, Any] | None = None,
+    tenant: str = "t1",
+    owner: str | None = None,
+    approval: bool = False,
+) -> ReserveResult:
+    return await ledger.reserve(
+        CallIdentity(tenant=tenant, run_id=run, tool_call_id=call_id),
+        tool_name="issue_credit",
+        side_effect=SideEffect.EXTERNAL,
+        arguments=CREDIT if arguments is None else arguments,
+        owner=owner or f"owner-{call_id}",
+        approval=approval,
+        guard=guard,
+    )
+
+
+# -- intent -----------------------------------------------------------------------------------------
+
+
+async def test_same_call_of_a_run_is_held_while_the_first_is_unknown(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    assert first.outcome is Reservation.NEW
+    await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
+
+    second = await reserve(ledger, run, "c2", Guard())
+    assert second.outcome is Reservation.HELD and not second.may_send
+    assert second.record.status is Status.HELD
+    assert second.record.held_by == first.record.key
+    assert "c1" in (second.record.hold_reason or "")
+
+    again = await reserve(ledger, run, "c2", Guard())  # asking again changes nothing while it waits
+    assert again.outcome is Reservation.HELD
+    events = (await ledger.get(second.record.key)).events
+    assert [e.kind for e in events] == ["held"]
+
+
+async def test_hold_sends_the_second_call_as_a_new_effect_once_the_first_completed(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
+    assert (await reserve(ledger, run, "c2", Guard())).outcome is Reservation.HELD
+    await ledger.settle(
+        first.record.key, status=Status.COMPLETED, actor="ops", reason="found it", result={"id": 1}
+    )
+
+    released = await reserve(ledger, run, "c2", Guard(), owner="owner-later")
+    assert released.outcome is Reservation.NEW and released.may_send
+    assert released.record.status is Status.STARTED
+    assert released.record.held_by is None and released.record.owner == "owner-later"
+    kinds = [(e.kind, e.from_status) for e in (await ledger.get(released.record.key)).events]
+    assert kinds == [("held", None), ("reserved", Status.HELD)]
+
+
+async def test_reuse_hands_back_the_completed_result_and_sends_nothing(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard(intent="reuse"))
+    await ledger.complete(
+        first.record.key, owner="owner-c1", result={"credit_id": "cr_1"}, result_reference="cr_1"
+    )
+
+    second = await reserve(ledger, run, "c2", Guard(intent="reuse"))
+    assert second.outcome is Reservation.REUSED and not second.may_send
+    assert second.record.status is Status.COMPLETED
+    assert second.record.result == {"credit_id": "cr_1"}
+    assert second.record.reused_from == first.record.key
+    assert second.record.settled_by == "onceflow:guard"
+
+    # A third points at the call that took effect, not at the copy.
+    third = await reserve(ledger, run, "c3", Guard(intent="reuse"))
+    assert third.record.reused_from == first.record.key
+    # And a repeated reservation of a reused key says so again.
+    assert (await reserve(ledger, run, "c2", Guard(intent="reuse"))).outcome is Reservation.REUSED
+
+
+async def test_reuse_still_sends_when_the_first_did_not_take_effect(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard(intent="reuse"))
+    await ledger.fail(first.record.key, owner="owner-c1", kind=FailureKind.NOT_ATTEMPTED, error="locked")
+    second = await reserve(ledger, run, "c2", Guard(intent="reuse"))
+    assert second.outcome is Reservation.NEW
+
+
+async def test_allow_checks_nothing(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard(intent="allow"))
+    await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
+    second = await reserve(ledger, run, "c2", Guard(intent="allow"))
+    assert second.outcome is Reservation.NEW
+
+
+async def test_intent_is_per_run_and_per_payload(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
+    other_amount = await reserve(ledger, run, "c2", Guard(), arguments={**CREDIT, "amount_cents": 100})
+    other_run = await reserve(ledger, run_id(), "c1", Guard())
+    assert other_amount.outcome is Reservation.NEW
+    assert other_run.outcome is Reservation.NEW
+
+
+async def test_a_policy_refusal_refuses_the_same_call_again(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.fail(
+        first.record.key, owner="owner-c1", kind=FailureKind.POLICY_REFUSED, error="over the limit"
+    )
+    again = await reserve(ledger, run, "c1", Guard())  # the same key: final, not re-reserved
+    assert again.outcome is Reservation.SETTLED and again.record.attempt == 1
+    second = await reserve(ledger, run, "c2", Guard())  # the model asking again, under a new id
+    assert second.outcome is Reservation.REFUSED
+    assert second.record.failure_kind is FailureKind.GUARD_REFUSED
+    assert "over the limit" in (second.record.error or "")
+
+
+async def test_two_held_calls_never_wait_for_each_other(ledger: Ledger) -> None:
+    """c2 and c3 are held behind c1; after c1 settles, c2 goes and c3 waits for c2, not the reverse."""
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
+    await reserve(ledger, run, "c2", Guard())
+    await reserve(ledger, run, "c3", Guard())
+    await ledger.settle(first.record.key, status=Status.FAILED, actor="ops", reason="not there")
+    third = await reserve(ledger, run, "c3", Guard())  # c3 asks first, but c2 is older
+    assert third.outcome is Reservation.HELD and third.record.held_by == f"{run}:c2"
+    second = await reserve(ledger, run, "c2", Guard())
+    assert second.outcome is Reservation.NEW
+
+
+# -- lineage ----------------------------------------------------------------------------------------
+
+
+async def test_a_replacement_is_refused_while_the_original_is_unresolved(ledger: Ledger) -> None:
+    run = run_id()
+    original = await reserve(ledger, run, "c1", Guard())
+    await ledger.mark_indeterminate(original.record.key, actor="test", reason="timed out")
+    changed = {**CREDIT, "amount_cents": 2000}
+
+    refused = await reserve(ledger, run, "c2", Guard(replaces=original.record.key), arguments=changed)
+    assert refused.outcome is Reservation.REFUSED
+    assert refused.record.replaces == original.record.key
+    assert "still indeterminate" in (refused.record.error or "")
+
+    await ledger.settle(original.record.key, status=Status.COMPLETED, actor="ops", reason="found it")
+    accepted = await reserve(ledger, run, "c3", Guard(replaces=original.record.key), arguments=changed)
+    assert accepted.outcome is Reservation.NEW
+    assert accepted.record.replaces == original.record.key
+    reserved = (await ledger.get(accepted.record.key)).events[0]
+    assert reserved.detail["replaces"] == original.record.key
+
+    # The chain stays linear: a second replacement of the same call is refused.
+    other = await reserve(
+        ledger, run, "c4", Guard(replaces=original.record.key), arguments={**CREDIT, "amount_cents": 1}
+    )
+    assert other.outcome is Reservation.REFUSED and f"{run}:c3" in (other.record.error or "")
+
+
+async def test_a_replacement_of_nothing_is_bad_input_and_records_nothing(ledger: Ledger) -> None:
+    run = run_id()
+    with pytest.raises(GuardArgumentError, match="no call of this run"):
+        await reserve(ledger, run, "c2", Guard(replaces=f"{run}:c9"))
+    assert await ledger.find(f"{run}:c2") is None
+    elsewhere = await reserve(ledger, run_id(), "c1", Guard())
+    with pytest.raises(GuardArgumentError, match="no call of this run"):
+        await reserve(ledger, run, "c3", Guard(replaces=elsewhere.record.key))
+
+
+# -- entity -----------------------------------------------------------------------------------------
+
+
+def entity_guard(order: str, on_busy: str = "hold") -> Guard:
+    return Guard(intent="allow", entity=order, exclusive=True, on_busy=on_busy)  # type: ignore[arg-type]
+
+
+async def test_one_unresolved_call_per_entity_across_runs(ledger: Ledger) -> None:
+    first = await reserve(ledger, run_id(), "c1", entity_guard("ord_1"))
+    held = await reserve(ledger, run_id(), "c1", entity_guard("ord_1"))
+    refused = await reserve(ledger, run_id(), "c1", entity_guard("ord_1", "refuse"))
+    other_entity = await reserve(ledger, run_id(), "c1", entity_guard("ord_2"))
+    other_tenant = await reserve(ledger, run_id(), "c1", entity_guard("ord_1"), tenant="t2")
+    assert first.outcome is Reservation.NEW
+    assert held.outcome is Reservation.HELD and held.record.held_by == first.record.key
+    assert refused.outcome is Reservation.REFUSED and first.record.key in (refused.record.error or "")
+    assert other_entity.outcome is Reservation.NEW
+    assert other_tenant.outcome is Reservation.NEW
+
+    await ledger.complete(first.record.key, owner=first.record.owner or "", result={"ok": 1})
+    assert (await reserve(ledger, held.record.run_id, "c1", entity_guard("ord_1"))).outcome is Reservation.NEW
+
+
+async def test_fifty_racing_runs_on_one_entity_let_exactly_one_through(ledger: Ledger) -> None:
+    results = await asyncio.gather(
+        *(reserve(ledger, run_id(), "c1", entity_guard("ord_race")) for _ in range(50))
+    )
+    outcomes = [r.outcome for r in results]
+    assert outcomes.count(Reservation.NEW) == 1
+    assert outcomes.count(Reservation.HELD) == 49
+
+
+async def test_the_database_refuses_a_second_unresolved_call_for_an_entity(
+    database_url: str, ledger: Ledger
+) -> None:
+    """Even a write that skips the guards (here: by hand) cannot make an entity busy twice."""
+    first = await reserve(ledger, run_id(), "c1", entity_guard("ord_db"))
+    conn = await asyncpg.connect(database_url)
+    try:
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await conn.execute(
+                "INSERT INTO tool_executions (key, tenant, run_id, tool_call_id, tool_name, side_effect,"
+                " status, payload, payload_sha256, entity, entity_exclusive)"
+                " SELECT 'r:x', tenant, 'r', 'x', tool_name, side_effect, 'started', payload,"
+                " payload_sha256, entity, true FROM tool_executions WHERE key = $1",
+                first.record.key,
+            )
+    finally:
+        await conn.close()
+
+
+# -- budgets ----------------------------------------------------------------------------------------
+
+
+def budget(order: str, amount: int, limit: int = 10_000) -> Guard:
+    return Guard(intent="allow", entity=order, amount=Decimal(amount), limit=Decimal(limit))
+
+
+async def test_a_call_over_the_budget_is_refused_with_the_figures(ledger: Ledger) -> None:
+    first = await reserve(ledger, run_id(), "c1", budget("ord_b", 6000))
+    await ledger.complete(first.record.key, owner="owner-c1", result={"ok": 1})
+    second = await reserve(ledger, run_id(), "c1", budget("ord_b", 3000))
+    await ledger.mark_indeterminate(second.record.key, actor="test", reason="timed out")
+
+    over = await reserve(ledger, run_id(), "c1", budget("ord_b", 2000))
+    assert over.outcome is Reservation.REFUSED
+    assert over.record.failure_kind is FailureKind.GUARD_REFUSED
+    refused_event = (await ledger.get(over.record.key)).events[0]
+    assert refused_event.kind == "guard_refused"
+    assert refused_event.detail["completed"] == "6000"
+    assert refused_event.detail["unresolved"] == "3000"
+    fits = await reserve(ledger, run_id(), "c1", budget("ord_b", 1000))
+    assert fits.outcome is Reservation.NEW
+
+    # Only a settlement releases the unknown 3000: as not applied, it leaves the budget.
+    await ledger.settle(second.record.key, status=Status.FAILED, actor="ops", reason="not applied")
+    now_fits = await reserve(ledger, run_id(), "c1", budget("ord_b", 2000))
+    assert now_fits.outcome is Reservation.NEW
+
+
+async def test_fifty_concurrent_calls_never_overdraw_one_balance(ledger: Ledger, database_url: str) -> None:
+    """50 calls race for one balance while others settle; at no point do completed plus reserved
+    amounts exceed the limit, and every amount the ledger let through fits."""
+    limit = 10_000
+    rng = random.Random(7)
+    amounts = [rng.choice((300, 500, 800, 1200)) for _ in range(50)]
+    stop = asyncio.Event()
+    worst = 0
+
+    async def watch() -> None:
+        nonlocal worst
+        conn = await asyncpg.connect(database_url)
+        try:
+            while not stop.is_set():
+                used = await conn.fetchval(
+                    "SELECT coalesce(sum(amount), 0) FROM tool_executions WHERE entity = 'ord_bal'"
+                    " AND status IN ('started', 'indeterminate', 'completed', 'awaiting_approval')"
+                )
+                worst = max(worst, int(used))
+                await asyncio.sleep(0)
+        finally:
+            await conn.close()
+
+    async def one(i: int, amount: int) -> ReserveResult:
+        await asyncio.sleep(rng.random() / 50)
+        result = await reserve(ledger, run_id(), f"c{i}", budget("ord_bal", amount, limit))
+        if result.may_send:
+            owner = result.record.owner or ""
+            match i % 3:  # a third complete, a third fail without effect, a third stay unknown
+                case 0:
+                    await ledger.complete(result.record.key, owner=owner, result={"i": i})
+                case 1:
+                    await ledger.fail(result.record.key, owner=owner, kind=FailureKind.REJECTED, error="no")
+                case _:
+                    await ledger.mark_indeterminate(result.record.key, actor="test", reason="lost")
+        return result
+
+    watcher = asyncio.create_task(watch())
+    results = await asyncio.gather(*(one(i, a) for i, a in enumerate(amounts)))
+    stop.set()
+    await watcher
+
+    assert worst <= limit
+    passed = [r for r in results if r.may_send]
+    refused = [r for r in results if r.outcome is Reservation.REFUSED]
+    assert len(passed) + len(refused) == 50
+    assert refused, "the amounts add up to more than the limit, so some must be refused"
+    final = await ledger_used(database_url)
+    assert final <= limit
+    for r in refused:
+        assert "would exceed the limit" in (r.record.error or "")
+
+
+async def ledger_used(database_url: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT coalesce(sum(amount), 0) FROM tool_executions WHERE entity = 'ord_bal'"
+                " AND status IN ('started', 'indeterminate', 'completed', 'awaiting_approval')"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_conflicted_failure_still_counts_against_the_budget(ledger: Ledger) -> None:
+    """An operator said 'not applied', then the owner's answer said it completed: until someone looks,
+    the amount stays reserved."""
+    first = await reserve(ledger, run_id(), "c1", budget("ord_c", 8000))
+    await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
+    await ledger.settle(first.record.key, status=Status.FAILED, actor="ops", reason="not there")
+    with pytest.raises(OutcomeIgnoredError):  # the owner's late answer is ignored, and flagged
+        await ledger.complete(first.record.key, owner=first.record.owner or "", result={"late": True})
+    assert (await ledger.get(first.record.key)).has_conflict
+    over = await reserve(ledger, run_id(), "c1", budget("ord_c", 4000))
+    assert over.outcome is Reservation.REFUSED

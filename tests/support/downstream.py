@@ -13,6 +13,7 @@ from typing import Any
 
 from ledger import ToolExecutionRecord
 from onceflow import (
+    Guards,
     ReconcileOutcome,
     ToolContext,
     ToolNotAttemptedError,
@@ -122,3 +123,55 @@ async def issue_credit_undoable(account_id: str, amount_cents: int, context: Too
 async def issue_credit_approved(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
     """Credit an account once an operator approved it."""
     return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
+
+
+# -- guarded tools (tests/test_guarded_runs.py) -------------------------------------------------------
+# No reconcile hooks: an unknown call stays unknown until the test settles it.
+
+
+@toolset.tool(external(timeout=timedelta(seconds=1)), guards=Guards(intent="reuse"))
+async def issue_credit_reusing(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Credit an account; the same credit asked again in one run is the same intent."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
+
+
+@toolset.tool(external(timeout=timedelta(seconds=1)), guards=Guards(intent="allow"))
+async def issue_credit_allowing(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Credit an account; every call is its own effect, unchecked."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
+
+
+@toolset.tool(external(timeout=timedelta(seconds=1)), guards=Guards(replaceable=True))
+async def issue_credit_replaceable(
+    account_id: str, amount_cents: int, context: ToolContext
+) -> dict[str, Any]:
+    """Credit an account; a later call may correct an earlier one by naming it in `replaces`."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
+
+
+# What an order may be refunded in total: its captured amount.
+REFUNDABLE_CENTS = 1250
+
+
+@toolset.tool(read(timeout=timedelta(seconds=2)))
+async def order_refundable(order_id: str) -> dict[str, Any]:
+    """How much an order may be refunded in total."""
+    return {"order_id": order_id, "limit": REFUNDABLE_CENTS}
+
+
+@toolset.tool(
+    external(timeout=timedelta(seconds=1)),
+    guards=Guards(entity="order_id", amount="amount_cents", limit_from="order_refundable"),
+)
+async def refund_order(order_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Refund an order; one refund per order at a time, within what the order may be refunded."""
+    return await DOWNSTREAM.credit(f"acct_{order_id}", amount_cents, context.idempotency_key)
+
+
+@toolset.tool(
+    external(timeout=timedelta(seconds=1)),
+    guards=Guards(entity="order_id", on_busy="refuse", amount="amount_cents", limit_from="order_refundable"),
+)
+async def refund_order_strict(order_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Refund an order; refused while another refund of it is unresolved."""
+    return await DOWNSTREAM.credit(f"acct_{order_id}", amount_cents, context.idempotency_key)

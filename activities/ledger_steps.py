@@ -5,6 +5,7 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.held import wake_held
 from activities.outcomes import outcome_from_record
 from activities.tools import record_outcome
 from ledger import (
@@ -92,6 +93,7 @@ class LedgerActivities:
             activity.logger.info("resolve of %s lost the race: %s", signal.key, exc)
             refused = f"resolve by {actor} refused: {exc}"
             record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
+        await wake_held(self.ledger, record)
         return SettleResult(outcome=outcome_from_record(record), refused=refused)
 
     @activity.defn(name="expire_approval")
@@ -108,6 +110,7 @@ class LedgerActivities:
         except AlreadySettledError as exc:
             activity.logger.info("approval deadline of %s came after a decision: %s", request.key, exc)
             record = await self.ledger.get(request.key, with_events=False, tenant=request.tenant)
+        await wake_held(self.ledger, record)
         return outcome_from_record(record)
 
     @activity.defn(name="escalate_call")

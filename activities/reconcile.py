@@ -7,6 +7,7 @@ import asyncio
 from temporalio import activity
 
 from activities.conflicts import tell_run_of_conflict
+from activities.held import wake_held
 from activities.outcomes import outcome_from_record
 from ledger import EventSource, InvalidTransitionError, Ledger, Status
 from onceflow.agents import AgentRegistry
@@ -76,4 +77,5 @@ class ReconcileActivities:
             )
             if record.has_conflict:
                 await tell_run_of_conflict(record)
+        await wake_held(self.ledger, record)
         return outcome_from_record(record)

@@ -12,6 +12,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.conflicts import tell_run_of_conflict
+from activities.held import wake_held
 from activities.outcomes import outcome_from_record, owner_token
 from ledger import (
     CallIdentity,
@@ -88,6 +89,7 @@ async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
         record = await ledger.get(outcome.key, with_events=False)
         if record.has_conflict:
             await tell_run_of_conflict(record)
+    await wake_held(ledger, record)
     return outcome_from_record(record)
 
 

@@ -62,6 +62,6 @@ ERR_TENANT_MISMATCH = "TenantMismatch"  # the key is recorded for another tenant
 ERR_CALL_INDETERMINATE = "CallIndeterminate"
 ERR_NO_COMPENSATION = "NoCompensation"  # the tool declares no compensation hook
 
-# A held call asks the ledger again after this long, doubling up to the maximum (or when nudged).
+# A held call asks the ledger again after this long, doubling up to the agent's recheck interval,
+# and whenever it is nudged (activities/held.py).
 HOLD_RECHECK_INITIAL = timedelta(seconds=1)
-HOLD_RECHECK_MAX = timedelta(seconds=30)

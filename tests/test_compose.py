@@ -518,6 +518,6 @@ def test_search_attribute_registration_matches_what_the_code_sets() -> None:
     assert "register-search-attributes.sh" in " ".join(argv(service.get("entrypoint")))
     registered = set(argv(service.get("command")))
     expected = {flag.removeprefix("--search-attribute=") for flag in search_attribute_flags()}
-    assert len(expected) == len(SEARCH_ATTRIBUTES) == 6
+    assert len(expected) == len(SEARCH_ATTRIBUTES) == 7
     assert registered == expected
     assert depends_on(services()["worker"])["register-search-attributes"] == "service_completed_successfully"

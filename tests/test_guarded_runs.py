@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from activities.held import WAKE_ACTOR
 from ledger import FailureKind, Ledger, Status
 from onceflow.agents import Agent, AgentRegistry
 from onceflow.constants import HELD_KEYS, UNRESOLVED_KEYS
@@ -199,6 +201,21 @@ async def test_the_same_call_is_held_while_the_first_is_unknown_then_goes_as_dec
     assert result.final
 
 
+async def _woken(client: Client, handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """The keys a `resolve` signal from the guard's wake-up (activities/held.py) named, in order."""
+    woken = []
+    for event in await history_events(client, handle.id):
+        if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            continue
+        signaled = event.workflow_execution_signaled_event_attributes
+        signal = client.data_converter.payload_converter.from_payload(
+            signaled.input.payloads[0], ResolveSignal
+        )
+        if signaled.signal_name == "resolve" and signal.actor == WAKE_ACTOR:
+            woken.append(signal.key)
+    return woken
+
+
 async def _phase_is(handle: WorkflowHandle[Any, Any], wanted: Phase) -> bool:
     try:
         return await phase(handle) == wanted
@@ -232,8 +249,9 @@ async def test_a_second_refund_of_an_order_waits_for_the_first_then_the_budget_r
         ResolveSignal(key=first_key, status="completed", reason="found in billing", actor="ops"),
     )
     await asyncio.wait_for(first.result(), 30)
-    await second.signal(AgentRunWorkflow.resolve, ResolveSignal(key=second_key, actor="ops"))
+    # Nobody nudges the second run: settling the first woke it.
     result = await asyncio.wait_for(second.result(), 30)
+    assert await _woken(harness.client, second) == [second_key]
 
     record = await harness.ledger.get(second_key)
     assert record.status is Status.FAILED and record.failure_kind is FailureKind.GUARD_REFUSED

@@ -45,7 +45,6 @@ with workflow.unsafe.imports_passed_through():
         ESCALATED_TO,
         HELD_KEYS,
         HOLD_RECHECK_INITIAL,
-        HOLD_RECHECK_MAX,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
         MODEL_HEARTBEAT,
@@ -352,7 +351,7 @@ class AgentRunWorkflow:
         )
         outcome = await self._send_once(tool, tool_input, ref)
         if outcome.status is Status.HELD:
-            outcome = await self._await_release(tool, tool_input, ref, outcome)
+            outcome = await self._await_release(spec, tool, tool_input, ref, outcome)
         if outcome.status is Status.AWAITING_APPROVAL:
             outcome = await self._await_approval(spec, tool, tool_input, ref, outcome)
         if outcome.status is Status.STARTED:  # another attempt holds it: that is unknown, not failed
@@ -462,12 +461,14 @@ class AgentRunWorkflow:
         return outcome
 
     async def _await_release(
-        self, tool: ToolSpec, tool_input: ToolCallInput, ref: CallRef, outcome: ToolOutcome
+        self, spec: AgentSpec, tool: ToolSpec, tool_input: ToolCallInput, ref: CallRef, outcome: ToolOutcome
     ) -> ToolOutcome:
         """A guard holds the call behind another one (same intent, or same entity); nothing was sent.
 
-        The run asks the ledger again, by reserving again, on a backoff or when nudged (a `resolve`
-        signal or the API's nudge); the ledger decides, in its own transaction, when it may go.
+        The run asks the ledger again, by reserving again, when nudged (whoever settles the call it
+        waits for sends a `resolve` signal without a status; so does the API's nudge) and on a timer,
+        1 s doubling up to `tool_policy.recheck_interval`, in case a nudge is lost. The ledger
+        decides, in its own transaction, when it may go.
         """
         self._held.add(ref.key)
         self._publish_held()
@@ -480,7 +481,7 @@ class AgentRunWorkflow:
             workflow.set_current_details(f"{ref.key} ({ref.tool}) is held, not sent: {outcome.error}")
             await self._wait_for_nudge(ref.key, wait)
             self._nudged.discard(ref.key)
-            wait = min(wait * 2, HOLD_RECHECK_MAX.total_seconds())
+            wait = min(wait * 2, spec.policy.recheck_interval_seconds)
             outcome = await self._send_once(tool, tool_input, ref)
         self._held.discard(ref.key)
         self._publish_held()

@@ -1,0 +1,38 @@
+"""Waking held calls: when a call is settled, the runs of calls a guard held behind it ask again.
+
+The held run also asks on its own timer, so a wake-up that does not arrive (a closed run, Temporal
+unreachable for a moment) only delays the release; it never loses it.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.service import RPCError
+
+from ledger import Ledger, ToolExecutionRecord
+from onceflow.payloads import ResolveSignal
+
+# The actor of the nudge; a resolve signal without a status settles nothing and only makes a run ask.
+WAKE_ACTOR = "onceflow:guard"
+
+
+async def wake_held(ledger: Ledger, record: ToolExecutionRecord) -> int:
+    """If `record` is settled, nudge the run of every call held behind it; returns how many were told."""
+    if not record.status.is_settled:
+        return 0
+    held = await ledger.held_behind(record.key)
+    if not held:
+        return 0
+    client = activity.client()
+    told = 0
+    for key, run_id in held:
+        try:
+            await client.get_workflow_handle(run_id).signal(
+                "resolve", ResolveSignal(key=key, actor=WAKE_ACTOR)
+            )
+            told += 1
+        except RPCError as exc:
+            activity.logger.info(
+                "held call %s was not woken (%s); its run asks on its own timer", key, exc.message
+            )
+    return told

@@ -39,6 +39,7 @@ packaging: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/ledger_hot_path.py
 	$(BIN)/python bench/e2e.py
+	$(BIN)/python bench/guards.py
 
 RUNS ?= 200
 drill: $(STAMP)

@@ -1,4 +1,5 @@
-"""`onceflow demo`: the reference post's four scenarios, plus approval, on a real stack.
+"""`onceflow demo`: the reference post's four scenarios, plus approval and a model that asks again,
+on a real stack.
 
 Each scenario starts real runs of a billing agent, makes the billing service misbehave for that
 run's account only, plays the operator where the story needs one (over the operator HTTP API, with
@@ -28,6 +29,7 @@ from workflows.agent_run import AgentRunWorkflow
 
 TENANT = "demo"
 CREDIT_CALL = "call_1_0"  # the second model turn's only call: issue_credit
+REPEAT_CALL = "call_2_0"  # billing-assistant-repeat: the third turn asks for the same credit again
 
 
 @dataclass
@@ -99,6 +101,8 @@ class Scenario:
     expect: list[Expect]
     # What the operator does while the runs wait: given the demo and the credit calls' keys.
     operator: Callable[[Demo, list[str]], Awaitable[None]] | None = None
+    # What must become of each run's repeated credit (REPEAT_CALL), for agents that ask twice.
+    repeat: Expect | None = None
 
 
 async def _settle_never_landed(demo: Demo, keys: list[str]) -> None:
@@ -185,6 +189,16 @@ SCENARIOS = [
         ],
         operator=_approve_one_deny_one,
     ),
+    Scenario(
+        "asked-again",
+        "The credit is applied but its answer is lost; the reconcile hook finds it. The model then "
+        "asks for the same credit again under a new call id. The tool declares a repeat to be the "
+        "same intent, so the ledger hands back the first credit and billing is asked once.",
+        agent="billing-assistant-repeat",
+        fault="apply_then_hang",
+        expect=[Expect(Status.COMPLETED, effects=1, settled_by="reconciler")],
+        repeat=Expect(Status.COMPLETED, effects=0, settled_by="onceflow:guard"),
+    ),
 ]
 
 
@@ -206,6 +220,9 @@ async def run_scenario(scenario: Scenario, demo: Demo) -> ScenarioReport:
         report.problems.append(f"the operator's part failed: {exc}")
     for handle, key, expect in zip(handles, keys, scenario.expect, strict=True):
         report.runs.append(await _check_run(demo, handle, key, expect, report.problems))
+        if scenario.repeat:
+            repeat = f"{handle.id}:{REPEAT_CALL}"
+            report.runs.append(await _check_run(demo, handle, repeat, scenario.repeat, report.problems))
     report.ok = not report.problems
     return report
 
@@ -249,6 +266,7 @@ def _record_view(record: ToolExecutionRecord) -> dict[str, Any]:
         "attempt": record.attempt,
         "settled_by": record.settled_by,
         "reason": record.reason or record.error,
+        "reused_from": record.reused_from,
         "history": [
             f"{e.from_status or '(new)'} -> {e.to_status or e.kind} by {e.actor}"
             for e in record.events
@@ -268,6 +286,8 @@ def print_report(report: ScenarioReport) -> None:
             print(f"   ledger:       {r['status']}  key={r['key']}  attempt={r['attempt']}")
             why = f"  ({r['reason']})" if r["reason"] else ""
             print(f"   settled by:   {r['settled_by']}{why}")
+            if r["reused_from"]:
+                print(f"   reused:       the result of {r['reused_from']}; nothing sent")
             for line in r["history"]:
                 print(f"                 {line}")
         voided = ", then voided" if run.voided else ""

@@ -50,6 +50,7 @@ def test_demo_scenarios_end_as_they_should_with_the_right_effect_counts(tmp_path
         "compensated",
         "refused-before-sending",
         "approval",
+        "asked-again",
     ]
     assert all(r["ok"] and not r["problems"] for r in results.values()), results
 
@@ -74,6 +75,10 @@ def test_demo_scenarios_end_as_they_should_with_the_right_effect_counts(tmp_path
     approved, denied = results["approval"]["runs"]
     assert (approved["effects"], approved["record"]["status"]) == (1, "completed")
     assert (denied["effects"], denied["record"]["status"]) == (0, "denied")
-    assert "5 passed, 0 failed" in completed.stdout
+    first, repeat = results["asked-again"]["runs"]
+    assert (first["effects"], first["record"]["settled_by"]) == (1, "reconciler")
+    assert (repeat["effects"], repeat["record"]["status"]) == (0, "completed")
+    assert repeat["record"]["reused_from"] == first["record"]["key"]
+    assert "6 passed, 0 failed" in completed.stdout
     # Ctrl-C semantics aside, the demo's own stack must be gone: the lock is free again.
     assert not (tmp_path / "stack" / "stack.json").exists()

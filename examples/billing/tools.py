@@ -18,6 +18,7 @@ from examples.billing.client import (
     BillingRejected,
 )
 from onceflow import (
+    Guards,
     ReconcileOutcome,
     ToolContext,
     ToolExecutionRecord,
@@ -112,4 +113,17 @@ billing_approval.tool(
     name="issue_credit",
     reconcile=find_credit,
     compensation=void_credit,
+)(issue_credit.fn)
+
+# The same credit, declared as one intent per run: asked again with the same arguments (a model that
+# did not trust an answer it got late), it gets the recorded credit back and billing sees nothing.
+# Used by `billing-assistant-repeat`.
+billing_reuse = Toolset("billing-reuse")
+billing_reuse.tool(read(timeout=timedelta(seconds=5)), name="lookup_order")(lookup_order.fn)
+billing_reuse.tool(
+    external(timeout=CREDIT_TIMEOUT),
+    name="issue_credit",
+    reconcile=find_credit,
+    compensation=void_credit,
+    guards=Guards(intent="reuse"),
 )(issue_credit.fn)

@@ -173,6 +173,8 @@ async def test_the_same_call_is_held_while_the_first_is_unknown_then_goes_as_dec
     assert held.status is Status.HELD and held.held_by == first_key
     assert await attribute(again, HELD_KEYS) == [second_key]
     assert second_key in await attribute(again, UNRESOLVED_KEYS)
+    [pending] = (await again.query(AgentRunWorkflow.status)).pending
+    assert pending.status == "held" and "still indeterminate" in (pending.detail or "")
     assert DOWNSTREAM.received == {first_key: 1}, "a held call is not sent"
 
     # An operator finds the first credit applied; the held run is nudged and acts as declared.

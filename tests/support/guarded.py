@@ -42,13 +42,17 @@ async def reserve_refund(
     limit: int = 5000,
     replaces: str | None = None,
     agent: str = "refunds",
+    tool: str = REFUND,
+    arguments: dict[str, Any] | None = None,
 ) -> ReserveResult:
+    """`arguments` (default: a refund of `amount` for `order_id`) may name another tool's; the
+    guard's entity and amount are still `order_id` and `amount`."""
     call = CallIdentity(tenant=tenant, run_id=run_id, tool_call_id=tool_call_id, agent=agent)
     return await ledger.reserve(
         call,
-        tool_name=REFUND,
+        tool_name=tool,
         side_effect=SideEffect.EXTERNAL,
-        arguments=refund_arguments(order_id, amount),
+        arguments=arguments or refund_arguments(order_id, amount),
         owner="worker-seed",
         lease=timedelta(minutes=5),
         guard=budget(order_id, amount, limit, replaces=replaces),
@@ -56,14 +60,14 @@ async def reserve_refund(
 
 
 async def unknown_refund_and_a_held_repeat(
-    ledger: Ledger, *, tenant: str = "acme", order_id: str | None = None
+    ledger: Ledger, *, tenant: str = "acme", order_id: str | None = None, **call: Any
 ) -> tuple[str, str]:
     """A budgeted refund whose answer was lost (indeterminate), and the model's repeat of it under a
     new tool call id, held behind it. Returns (blocker, held)."""
     run_id = new_run()
     order_id = order_id or f"ord_{uuid.uuid4().hex[:6]}"
-    first = await reserve_refund(ledger, run_id, "call_1_0", tenant=tenant, order_id=order_id)
+    first = await reserve_refund(ledger, run_id, "call_1_0", tenant=tenant, order_id=order_id, **call)
     await ledger.mark_indeterminate(first.record.key, actor="inspector", reason="timed out")
-    again = await reserve_refund(ledger, run_id, "call_2_0", tenant=tenant, order_id=order_id)
+    again = await reserve_refund(ledger, run_id, "call_2_0", tenant=tenant, order_id=order_id, **call)
     assert again.record.status == "held", again
     return first.record.key, again.record.key

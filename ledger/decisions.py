@@ -14,7 +14,13 @@ import asyncpg
 from ledger import queries
 from ledger.base import require_text, to_json
 from ledger.conflicts import ConflictFlags, contradicts, same_report
-from ledger.errors import AlreadySettledError, InvalidTransitionError, RecordNotFoundError
+from ledger.errors import (
+    AlreadySettledError,
+    EvidenceRequiredError,
+    HeldCallError,
+    InvalidTransitionError,
+    RecordNotFoundError,
+)
 from ledger.records import ToolExecutionRecord, to_record
 from ledger.status import EventSource, FailureKind, Status
 
@@ -33,6 +39,17 @@ def _same_settlement(
     )
 
 
+def _has_evidence(evidence: Any) -> bool:
+    """Something to go on: not null, not an empty object, list or blank text."""
+    if evidence is None:
+        return False
+    if isinstance(evidence, str):
+        return bool(evidence.strip())
+    if isinstance(evidence, dict | list):
+        return bool(evidence)
+    return True
+
+
 class OperatorDecisions(ConflictFlags):
     async def _locked(self, conn: asyncpg.Connection, key: str, tenant: str | None) -> asyncpg.Record:
         row = await conn.fetchrow(queries.SELECT_FOR_DECISION, key)
@@ -42,8 +59,11 @@ class OperatorDecisions(ConflictFlags):
 
     @staticmethod
     def _refuse(row: asyncpg.Record, wanted: str) -> InvalidTransitionError:
-        """The error for a decision that came too late: who decided instead, and when."""
+        """The error for a decision that came too late: who decided instead, and when. A held call
+        was never sent: the error names the call it waits for, which is the one to decide."""
         current = Status(row["status"])
+        if current is Status.HELD:
+            return HeldCallError(row["key"], wanted, held_by=row["held_by"], hold_reason=row["hold_reason"])
         decided_by, decided_at = row["settled_by"], row["settled_at"]
         if decided_by is None and row["approved_at"] is not None:
             decided_by, decided_at = row["approved_by"], row["approved_at"]
@@ -71,6 +91,11 @@ class OperatorDecisions(ConflictFlags):
         tenant's key is reported as not found. The same settle again (same actor, status, reason,
         evidence and result: a step retried after its commit was lost) returns the record as it
         stands, without a second event.
+
+        A held call is refused with `HeldCallError` naming its blocker (nothing was sent). Settling a
+        call that draws on a budget (it has an `amount`) as failed releases that amount, so a person
+        must give `evidence` (`EvidenceRequiredError` otherwise); a reconcile hook's verdict is itself
+        the evidence.
         """
         if status not in (Status.COMPLETED, Status.FAILED):
             raise ValueError(f"a call can be settled completed or failed, not {status!r}")
@@ -86,6 +111,13 @@ class OperatorDecisions(ConflictFlags):
                 ):
                     return to_record(row)
                 raise self._refuse(row, f"settle as {status.value}")
+            if (
+                status is Status.FAILED
+                and row["amount"] is not None
+                and source is not EventSource.RECONCILER
+                and not _has_evidence(evidence)
+            ):
+                raise EvidenceRequiredError(key, str(row["amount"]), row["entity"])
             if status is Status.COMPLETED:
                 updated = await conn.fetchrow(
                     queries.SET_COMPLETED,

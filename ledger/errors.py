@@ -96,3 +96,36 @@ class ConflictNotOpenError(LedgerError):
         super().__init__(f"{key!r} has no open conflict ({detail})")
         self.key = key
         self.cleared_by = cleared_by
+
+
+class HeldCallError(InvalidTransitionError):
+    """A decision about a held call: it was never sent, and waits for the call that holds it.
+
+    Settle (or approve, or deny) the blocker instead; the held call then runs, or is told the truth,
+    as its tool declares.
+    """
+
+    def __init__(self, key: str, wanted: str, *, held_by: str, hold_reason: str | None) -> None:
+        super().__init__(key, "held", wanted)
+        why = f" ({hold_reason})" if hold_reason else ""
+        self.args = (
+            f"cannot {wanted}: {key!r} is held behind {held_by!r}{why}. Nothing was sent for it, so "
+            f"there is nothing to settle; decide {held_by!r} and this call goes on by itself",
+        )
+        self.held_by = held_by
+        self.hold_reason = hold_reason
+
+
+class EvidenceRequiredError(ReasonRequiredError):
+    """Settling an unknown call that draws on a budget as failed releases its amount: that needs
+    evidence (what was looked at, and where), not a reason alone."""
+
+    def __init__(self, key: str, amount: str, entity: str | None) -> None:
+        LedgerError.__init__(
+            self,
+            f"settling {key!r} as failed releases {amount} of the budget of {entity or 'its entity'}; "
+            "give evidence (what you checked on the other side, e.g. a ticket, a query, a reference)",
+        )
+        self.key = key
+        self.amount = amount
+        self.entity = entity

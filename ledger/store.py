@@ -24,6 +24,7 @@ from ledger.errors import (
 )
 from ledger.guarded import GuardedReservations
 from ledger.guards import Guard
+from ledger.lineage import LineageReads
 from ledger.records import (
     Reservation,
     ReserveResult,
@@ -96,11 +97,12 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError(f"malformed cursor {cursor!r}") from exc
 
 
-class Ledger(OperatorDecisions, GuardedReservations):
+class Ledger(OperatorDecisions, GuardedReservations, LineageReads):
     """The tool-execution ledger. Create with `await Ledger.connect(dsn)`; close with `close()`.
 
     Here: the call path (reserve, the owner's outcome, indeterminate) and reading. Operators'
-    decisions are in ledger.decisions, the plumbing in ledger.base.
+    decisions are in ledger.decisions, guarded reservations in ledger.guarded, lineage reads in
+    ledger.lineage, the plumbing in ledger.base.
     """
 
     # -- reserve -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from onceflow.guard_sources import limit_source_problems
 from onceflow.mcp.config import McpServerConfig
 from onceflow.models import Model
 from onceflow.models.config import ModelConfig, resolve_model_wrapper
@@ -260,6 +261,11 @@ def build_registry(data: Any, path: Path | str = "<memory>") -> AgentRegistry:
                         agent_name,
                     )
                 tools[tool.name] = tool
+        # An MCP server's tools come later: a limit_from naming one is checked once they are listed.
+        more_to_come = any(name in parsed.mcp_servers for name in config.toolsets)
+        problems = limit_source_problems(tools, more_to_come=more_to_come)
+        if problems:
+            raise AgentConfigError(path, "; ".join(problems), agent_name)
         if config.model.wrapper:
             try:
                 resolve_model_wrapper(config.model.wrapper)

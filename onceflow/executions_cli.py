@@ -30,6 +30,8 @@ from urllib.parse import quote
 import httpx
 import typer
 
+from onceflow.executions_guards import LINEAGE_HEADERS, guard_fields, lineage_rows
+
 DEFAULT_API = "http://127.0.0.1:8082"
 
 
@@ -107,6 +109,8 @@ def _explain(response: httpx.Response) -> NoReturn:
             lines.append(f"decided by {problem['decided_by']} at {problem.get('decided_at') or '?'}")
         if problem.get("current_status"):
             lines.append(f"current status: {problem['current_status']}")
+        if problem.get("held_by"):
+            lines.append(f"held by: {problem['held_by']} (decide that call; this one follows it)")
         _fail(ExitCode.CONFLICT, "\n".join(lines))
     if status in _USAGE_STATUSES:
         _fail(ExitCode.USAGE, f"refused ({status}): {detail}")
@@ -251,11 +255,17 @@ def _describe(record: dict[str, Any]) -> Iterator[str]:
         ("evidence", None if record.get("evidence") is None else _compact(record["evidence"])),
         ("escalated to", _who_when(record.get("escalated_to"), record.get("escalated_at"), prefix="")),
         *_conflict_fields(record.get("conflict")),
+        *guard_fields(record),
     ]
     shown = [(label, str(value)) for label, value in fields if value not in (None, "")]
     width = max(len(label) for label, _ in shown)
     for label, value in shown:
         yield f"{label.ljust(width)}  {value}"
+    chain = lineage_rows(record, _stamp)
+    if chain:
+        yield ""
+        yield f"lineage ({len(chain)} calls, oldest first; * is this one)"
+        yield from ("  " + line for line in _table(LINEAGE_HEADERS, chain))
     events = record.get("events") or []
     yield ""
     yield f"events ({len(events)})"
@@ -305,7 +315,10 @@ def _json_object(value: str | None, option: str) -> Any:
 def list_executions(
     status: Annotated[
         str | None,
-        typer.Option(help="Comma-separated: indeterminate, started, awaiting_approval. Default: all three."),
+        typer.Option(
+            help="Comma-separated: indeterminate, started, awaiting_approval, held. "
+            "Default: the first three (a held call waits for another call, which is listed)."
+        ),
     ] = None,
     conflicts: Annotated[
         bool | None,

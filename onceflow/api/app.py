@@ -22,6 +22,8 @@ from activities.compensation import COMPENSATION_SUFFIX, compensation_key
 from ledger import (
     ConflictNotOpenError,
     EventSource,
+    EvidenceRequiredError,
+    HeldCallError,
     InvalidTransitionError,
     Ledger,
     OperatorToken,
@@ -59,7 +61,7 @@ KEY_PATTERN = rf"^{_KEY_START}{_KEY_CHAR}{{0,254}}:{_KEY_CHAR}{{1,255}}$"
 # Free-text filters: anything PostgreSQL can store.
 _STORABLE = r"^[^\x00]*$"
 _KEY = re.compile(KEY_PATTERN)
-_LISTABLE = {Status.INDETERMINATE, Status.STARTED, Status.AWAITING_APPROVAL}
+_LISTABLE = {Status.INDETERMINATE, Status.STARTED, Status.AWAITING_APPROVAL, Status.HELD}
 
 # The patterns are published so clients (and fuzzers) know the contract; the handlers enforce them
 # with problem types of their own (invalid-key, invalid-status) rather than a generic 400.
@@ -71,7 +73,7 @@ Key = Annotated[
         json_schema_extra={"pattern": KEY_PATTERN},
     ),
 ]
-_STATUS_NAME = "(indeterminate|started|awaiting_approval)"
+_STATUS_NAME = "(indeterminate|started|awaiting_approval|held)"
 STATUS_FILTER_PATTERN = rf"^{_STATUS_NAME}(,{_STATUS_NAME})*$"
 
 
@@ -136,6 +138,8 @@ def _conflict(exc: InvalidTransitionError) -> Problem:
 
 def _statuses(status: str | None) -> list[Status]:
     if status is None:
+        # Held calls are asked for by name: each waits for another call, which is already listed,
+        # and settling that one is what moves it (see docs/operations.md).
         return [Status.INDETERMINATE, Status.STARTED, Status.AWAITING_APPROVAL]
     try:
         statuses = [Status(s.strip()) for s in status.split(",") if s.strip()]
@@ -149,6 +153,19 @@ def _statuses(status: str | None) -> list[Status]:
             f"status must be a comma-separated subset of {', '.join(sorted(_LISTABLE))}",
         )
     return statuses
+
+
+def _held(exc: HeldCallError) -> Problem:
+    return Problem(
+        409,
+        "held",
+        "Held behind another call",
+        str(exc),
+        key=exc.key,
+        current_status=exc.current_status,
+        held_by=exc.held_by,
+        hold_reason=exc.hold_reason,
+    )
 
 
 def _check_key(key: str) -> str:
@@ -234,8 +251,8 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
         status: Annotated[
             str | None,
             Query(
-                description="Comma-separated: indeterminate, started (owner gone), awaiting_approval. "
-                "Default: all three.",
+                description="Comma-separated: indeterminate, started (owner gone), awaiting_approval, "
+                "held (waiting for another call). Default: the first three.",
                 json_schema_extra={"pattern": STATUS_FILTER_PATTERN},
             ),
         ] = None,
@@ -279,12 +296,15 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
 
     @app.get("/v1/tool-executions/{key}", response_model=ToolExecutionView)
     async def get_execution(key: Key, operator: Operator) -> ToolExecutionView:
-        """One call and every event that happened to it."""
+        """One call and every event that happened to it, its replacement chain (`lineage`), and the
+        calls held until it settles (`held_calls`)."""
         try:
             record = await ledger.get(_check_key(key), tenant=operator.tenant)
         except RecordNotFoundError:
             raise _not_found(key) from None
-        return ToolExecutionView.of(record, with_events=True)
+        lineage = await ledger.lineage(record.key, tenant=operator.tenant)
+        held = await ledger.held_behind(record.key, tenant=operator.tenant)
+        return ToolExecutionView.of(record, with_events=True, lineage=lineage, held_calls=held)
 
     async def decide(
         key: str, operator: OperatorToken, change: Callable[[str, str], Awaitable[ToolExecutionRecord]]
@@ -295,14 +315,22 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             record = await change(_check_key(key), actor)
         except RecordNotFoundError:
             raise _not_found(key) from None
+        except HeldCallError as exc:
+            raise _held(exc) from None
         except InvalidTransitionError as exc:
             raise _conflict(exc) from None
+        except EvidenceRequiredError as exc:
+            raise Problem(422, "evidence-required", "Evidence required", str(exc), key=key) from None
         signalled = await tell_workflow(record, actor)
         return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
 
     @app.post("/v1/tool-executions/{key}/resolve", response_model=DecisionResponse, dependencies=JSON)
     async def resolve(key: Key, body: ResolveRequest, operator: Operator) -> DecisionResponse:
-        """Settle an unknown call as completed or failed. Of two operators, the first wins."""
+        """Settle an unknown call as completed or failed. Of two operators, the first wins.
+
+        A held call cannot be settled (409 `held`, naming the call it waits for). Settling a call
+        that draws on a budget as failed releases its amount and needs `evidence` (422 otherwise).
+        """
         return await decide(
             key,
             operator,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
@@ -95,6 +96,38 @@ class EventView(BaseModel):
         return cls.model_validate(event.model_dump(exclude={"id", "key"}))
 
 
+class LineageEntry(BaseModel):
+    """One call of a replacement chain."""
+
+    key: str
+    tool_call_id: str
+    status: Status
+    failure_kind: str | None = None
+    replaces: str | None = Field(None, description="The key of the call this one replaces.")
+    amount: str | None = None
+    created_at: datetime
+    settled_at: datetime | None = None
+    settled_by: str | None = None
+
+    @classmethod
+    def of(cls, record: ToolExecutionRecord) -> LineageEntry:
+        return cls(
+            key=record.key,
+            tool_call_id=record.tool_call_id,
+            status=record.status,
+            failure_kind=record.failure_kind,
+            replaces=record.replaces,
+            amount=_decimal(record.amount),
+            created_at=record.created_at,
+            settled_at=record.settled_at,
+            settled_by=record.settled_by,
+        )
+
+
+def _decimal(value: Decimal | None) -> str | None:
+    return None if value is None else str(value)
+
+
 class ToolExecutionView(BaseModel):
     """A call as an operator sees it. The fencing token (owner) is shown; payload in full."""
 
@@ -127,13 +160,54 @@ class ToolExecutionView(BaseModel):
     conflict: ConflictView | None = Field(
         None, description="A late outcome that contradicted the decision; the decision stands."
     )
+    # Guards (see docs/operations.md). Amounts are decimals written as strings, never floats.
+    entity: str | None = Field(None, description="The business entity the call acts on.")
+    entity_exclusive: bool = Field(
+        False, description="At most one unresolved call of this tool per entity (across runs)."
+    )
+    amount: str | None = Field(None, description="What the call draws on its entity's budget.")
+    budget_limit: str | None = Field(None, description="The limit the amount was checked against.")
+    replaces: str | None = Field(None, description="The key of the call this one replaces.")
+    held_by: str | None = Field(
+        None, description="While `held`: the call it waits for. Nothing was sent; decide that call."
+    )
+    hold_reason: str | None = None
+    reused_from: str | None = Field(
+        None, description="The call whose recorded result this one was given; nothing was sent."
+    )
     events: list[EventView] | None = None
+    lineage: list[LineageEntry] | None = Field(
+        None,
+        description="On one call: its replacement chain, oldest first, the call itself included "
+        "(empty when it neither replaces nor was replaced). Absent in listings.",
+    )
+    held_calls: list[str] | None = Field(
+        None, description="On one call: the keys of calls held until it settles. Absent in listings."
+    )
 
     @classmethod
-    def of(cls, record: ToolExecutionRecord, *, with_events: bool = False) -> ToolExecutionView:
-        data = record.model_dump(exclude={"events", "tenant", "tool_name", *_CONFLICT_FIELDS})
+    def of(
+        cls,
+        record: ToolExecutionRecord,
+        *,
+        with_events: bool = False,
+        lineage: list[ToolExecutionRecord] | None = None,
+        held_calls: list[str] | None = None,
+    ) -> ToolExecutionView:
+        data = record.model_dump(
+            exclude={"events", "tenant", "tool_name", "amount", "budget_limit", *_CONFLICT_FIELDS}
+        )
         events = [EventView.of(e) for e in record.events] if with_events else None
-        return cls(**data, tool=record.tool_name, conflict=ConflictView.of(record), events=events)
+        return cls(
+            **data,
+            tool=record.tool_name,
+            amount=_decimal(record.amount),
+            budget_limit=_decimal(record.budget_limit),
+            conflict=ConflictView.of(record),
+            events=events,
+            lineage=None if lineage is None else [LineageEntry.of(r) for r in lineage],
+            held_calls=held_calls,
+        )
 
 
 _CONFLICT_FIELDS = {"conflict_at", "conflict_detail", "conflict_cleared_at", "conflict_cleared_by"}
@@ -190,6 +264,7 @@ class ProblemDocument(BaseModel):
     current_status: str | None = Field(None, description="On 409: where the call stands now.")
     decided_by: str | None = Field(None, description="On 409: who decided first.")
     decided_at: str | None = Field(None, description="On 409: when they decided.")
+    held_by: str | None = Field(None, description="On 409 `held`: the call it waits for; decide that one.")
 
 
 ToolExecutionView.model_rebuild()

@@ -12,6 +12,8 @@ mcp_servers:
     tools:
       issue_credit: {effect: external, timeout: 3s, reconcile: find_credit}
       lookup_order: {effect: read}               # overrides what the annotations say
+      issue_refund:
+        guards: {entity: order_id, amount: amount_cents, limit_from: refundable_balance}
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from __future__ import annotations
 import os
 import re
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ledger import SideEffect
+from onceflow.tools import Guards
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_MCP_TIMEOUT = timedelta(seconds=10)
@@ -56,6 +60,50 @@ def expand_variables(value: str, where: str) -> str:
     return _VARIABLE.sub(substitute, value)
 
 
+class McpGuardsConfig(BaseModel):
+    """`guards:` of one tool: what the ledger checks before a call is sent (see `onceflow.Guards`).
+
+    Checked here for what needs no server (a budget needs an entity and one limit); what needs the
+    tool's input schema (the arguments exist and are required) is checked when the server is listed.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    intent: Literal["hold", "reuse", "allow"] = "hold"
+    entity: str | None = Field(None, min_length=1)
+    on_busy: Literal["hold", "refuse", "allow"] = "hold"
+    amount: str | None = Field(None, min_length=1)
+    limit: Decimal | None = Field(None, allow_inf_nan=False)
+    limit_from: str | None = Field(None, min_length=1)
+    replaceable: bool = False
+
+    @field_validator("limit", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not (value is None or isinstance(value, int | float)):
+            raise ValueError("must be a number (the entity's total budget)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> McpGuardsConfig:
+        declared = {name for name in (self.entity, self.amount) if name}
+        problems = self.guards().problems(declared)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def guards(self) -> Guards:
+        return Guards(
+            intent=self.intent,
+            entity=self.entity,
+            on_busy=self.on_busy,
+            amount=self.amount,
+            limit=self.limit,
+            limit_from=self.limit_from,
+            replaceable=self.replaceable,
+        )
+
+
 class McpToolConfig(BaseModel):
     """What agents.yaml says about one tool of a server, over what the server's annotations say."""
 
@@ -66,6 +114,8 @@ class McpToolConfig(BaseModel):
     approval: bool = False
     # A read tool of the same server that the reconciler calls with the call's key (see docs/mcp.md).
     reconcile: str | None = None
+    # Intent, entity and budget guards (docs/mcp.md); only for tools that change the world.
+    guards: McpGuardsConfig | None = None
 
     @field_validator("timeout", mode="before")
     @classmethod

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from onceflow.config import env
+from onceflow.tools import Guards
 
 mcp_app = typer.Typer(no_args_is_help=True, help="MCP servers declared in agents.yaml.")
 
@@ -43,7 +46,9 @@ async def inspect_server(agents_path: str, server: str) -> dict[str, Any]:
     tools = []
     for plan in plans:
         assert plan.effect is not None
-        tool = make_tool(connection, by_name[plan.name], plan.effect, plan.classification, plan.lookup)
+        tool = make_tool(
+            connection, by_name[plan.name], plan.effect, plan.classification, plan.lookup, guards=plan.guards
+        )
         problems = tool_contract_problems(tool) if plan.offered else []
         errors.extend(f"{plan.name}: {problem}" for problem in problems)
         tools.append(
@@ -58,11 +63,23 @@ async def inspect_server(agents_path: str, server: str) -> dict[str, Any]:
                 "note": plan.note,
                 "reconcile": plan.lookup,
                 "approval": plan.effect.approval,
+                "guards": declared_guards(plan.guards),
                 "problems": problems,
             }
         )
     where = " ".join([config.command or "", *config.args]) if config.transport == "stdio" else str(config.url)
     return {"server": server, "transport": config.transport, "where": where, "tools": tools, "errors": errors}
+
+
+def declared_guards(guards: Guards) -> dict[str, Any] | None:
+    """What agents.yaml declares beyond the default guards, JSON-ready; None for the defaults."""
+    default = Guards()
+    changed = {
+        name: str(value) if isinstance(value, Decimal) else value
+        for name, value in asdict(guards).items()
+        if value != getattr(default, name)
+    }
+    return changed or None
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -74,6 +91,8 @@ def _print(report: dict[str, Any]) -> None:
             extras.append(f"reconciled by {tool['reconcile']}")
         if tool["approval"]:
             extras.append("needs approval")
+        if tool["guards"]:
+            extras.append("guards: " + ", ".join(f"{k}={v}" for k, v in tool["guards"].items()))
         extras.extend(tool["problems"])
         tail = f"; {'; '.join(extras)}" if extras else ""
         typer.echo(

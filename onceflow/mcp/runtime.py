@@ -17,12 +17,14 @@ from typing import Any
 
 from ledger import SideEffect
 from onceflow.agents import AgentConfigError, AgentRegistry
+from onceflow.guard_sources import limit_source_problems
 from onceflow.mcp.classify import Classification, Hints, classify
 from onceflow.mcp.config import McpConfigError, McpServerConfig
 from onceflow.mcp.connection import McpConnection, McpUnavailableError
+from onceflow.mcp.guards import tool_guard_problems
 from onceflow.mcp.tools import LOOKUP_KEY_ARGUMENT, McpTool, make_tool
 from onceflow.testing import tool_contract_problems
-from onceflow.tools import Effect, destructive, external, read, write
+from onceflow.tools import Effect, Guards, destructive, external, read, write
 
 log = logging.getLogger("onceflow.mcp")
 
@@ -52,6 +54,7 @@ class ToolPlan:
     effect: Effect | None = None
     lookup: str | None = None
     problems: list[str] = field(default_factory=list)
+    guards: Guards = field(default_factory=Guards)
 
 
 def _effect(config: McpServerConfig, name: str, side_effect: SideEffect) -> Effect:
@@ -90,6 +93,11 @@ def plan_server(config: McpServerConfig, listed: list[Any]) -> tuple[list[ToolPl
             errors.append(str(exc))
             continue
         lookup = config.tools[name].reconcile if name in config.tools else None
+        declared = config.tools[name].guards if name in config.tools else None
+        guards = declared.guards() if declared is not None else Guards()
+        if declared is not None:
+            schema = tool.input_schema or {}
+            errors.extend(tool_guard_problems(name, guards, schema, classification.side_effect))
         if name in lookups:
             if classification.side_effect is not SideEffect.READ:
                 errors.append(
@@ -105,7 +113,7 @@ def plan_server(config: McpServerConfig, listed: list[Any]) -> tuple[list[ToolPl
             offered, note = False, "not in allow"
         else:
             offered, note = True, "offered"
-        plan = ToolPlan(name, classification, hints, offered, note, effect, lookup)
+        plan = ToolPlan(name, classification, hints, offered, note, effect, lookup, guards=guards)
         plans.append(plan)
     return plans, errors
 
@@ -144,7 +152,14 @@ class McpToolsets:
                 continue
             assert plan.effect is not None
             tools.append(
-                make_tool(connection, by_name[plan.name], plan.effect, plan.classification, plan.lookup)
+                make_tool(
+                    connection,
+                    by_name[plan.name],
+                    plan.effect,
+                    plan.classification,
+                    plan.lookup,
+                    guards=plan.guards,
+                )
             )
         return tools
 
@@ -187,6 +202,9 @@ def attach_tools(registry: AgentRegistry, tools: dict[str, list[McpTool]]) -> No
                         agent.name,
                     )
                 agent.tools[tool.name] = tool
+        problems = limit_source_problems(agent.tools)
+        if problems:
+            raise AgentConfigError(registry.path, "; ".join(problems), agent.name)
 
 
 async def start_mcp_toolsets(registry: AgentRegistry) -> McpToolsets:

@@ -22,7 +22,9 @@ from onceflow.mcp.classify import Classification
 from onceflow.mcp.connection import McpConnection, McpUnavailableError
 from onceflow.mcp.meta import IDEMPOTENCY_META_KEY
 from onceflow.tools import (
+    REPLACES_ARGUMENT,
     Effect,
+    Guards,
     InvalidToolArgumentsError,
     OutcomeStatus,
     ReconcileOutcome,
@@ -104,7 +106,13 @@ class McpTool(Tool):
     lookup: str | None = None
 
     def json_schema(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "parameters": self.input_schema}
+        parameters = self.input_schema
+        if self.guards.replaceable:
+            # The `replaces` argument as every replaceable tool describes it (see onceflow.tools).
+            described = super().json_schema()["parameters"]["properties"][REPLACES_ARGUMENT]
+            properties = {**(parameters.get("properties") or {}), REPLACES_ARGUMENT: described}
+            parameters = {**parameters, "properties": properties}
+        return {"name": self.name, "description": self.description, "parameters": parameters}
 
     def validate_arguments(self, arguments: Any) -> dict[str, Any]:
         from jsonschema import Draft202012Validator
@@ -166,6 +174,8 @@ def make_tool(
     effect: Effect,
     classification: Classification,
     lookup: str | None,
+    *,
+    guards: Guards | None = None,
 ) -> McpTool:
     """An McpTool for the listed tool `listed` (the SDK's Tool) of the server behind `connection`."""
     remote = listed.name
@@ -201,4 +211,5 @@ def make_tool(
         input_schema=schema,
         classification=classification,
         lookup=lookup,
+        guards=guards or Guards(),
     )

@@ -6,24 +6,32 @@ unreachable for a moment) only delays the release; it never loses it.
 
 from __future__ import annotations
 
+import logging
+
 from temporalio import activity
+from temporalio.client import Client
 from temporalio.service import RPCError
 
 from ledger import Ledger, ToolExecutionRecord
 from onceflow.payloads import ResolveSignal
 
+log = logging.getLogger(__name__)
+
 # The actor of the nudge; a resolve signal without a status settles nothing and only makes a run ask.
 WAKE_ACTOR = "onceflow:guard"
 
 
-async def wake_held(ledger: Ledger, record: ToolExecutionRecord) -> int:
-    """If `record` is settled, nudge the run of every call held behind it; returns how many were told."""
+async def wake_held(ledger: Ledger, record: ToolExecutionRecord, client: Client | None = None) -> int:
+    """If `record` is settled, nudge the run of every call held behind it; returns how many were told.
+
+    `client`: the Temporal client to signal with; inside an activity, the activity's own.
+    """
     if not record.status.is_settled:
         return 0
-    held = await ledger.held_behind(record.key)
+    held = await ledger.held_runs_behind(record.key)
     if not held:
         return 0
-    client = activity.client()
+    client = client or activity.client()
     told = 0
     for key, run_id in held:
         try:

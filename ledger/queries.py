@@ -175,9 +175,9 @@ SELECT coalesce(sum(amount) FILTER (WHERE status = 'completed'), 0) AS completed
 """
 
 # Calls held behind $1: when it is settled, their runs are told to ask again.
-HELD_BEHIND = (
-    "SELECT key, run_id FROM tool_executions WHERE held_by = $1 AND status = 'held' ORDER BY created_at"
-)
+HELD_RUNS_BEHIND = """
+SELECT key, run_id FROM tool_executions WHERE held_by = $1 AND status = 'held' ORDER BY created_at
+"""
 
 # A guarded reservation writes the call as the guards decided: started or awaiting approval
 # (proceed), held, completed with another call's result (reuse), or failed (refused). The caller

@@ -27,6 +27,7 @@ from onceflow.payloads import AgentRunResult, ModelCallInput, ModelTurn, Phase, 
 from tests.support.agents import credit_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
+from tests.support.operator_api import serving_api
 from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
@@ -328,3 +329,39 @@ async def test_a_replacement_names_the_call_it_replaces_and_the_ledger_keeps_the
     assert [c.status for c in result.calls] == ["completed", "completed", "error"]
     assert "no call of this run" in (result.calls[2].detail or "")
     assert DOWNSTREAM.received == {original: 1, replacement: 1}
+
+
+async def test_an_operator_settling_the_blocker_over_the_api_wakes_the_held_run(
+    temporal_env: WorkflowEnvironment, ledger: Ledger
+) -> None:
+    DOWNSTREAM.reset()
+    agent = refund_agent("refund", "refund_order")
+    registry = AgentRegistry({agent.name: agent})
+    async with serving_api(temporal_env.client, ledger, registry) as api:
+        DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+        first = await api.runs.start("refund", ORDER)
+        await eventually(
+            lambda: _phase_is(first, Phase.AWAITING_RECONCILIATION), "the first refund to be unknown"
+        )
+        [first_key] = await write_keys(ledger, first.id)
+        second = await api.runs.start("refund", ORDER)
+        await eventually(lambda: _phase_is(second, Phase.HELD), "the second refund to be held")
+        [second_key] = await write_keys(ledger, second.id)
+
+        async with await api.as_operator() as operator:
+            held = await operator.get(f"/v1/tool-executions/{second_key}")
+            assert held.json()["status"] == "held" and held.json()["held_by"] == first_key
+            blocker = await operator.get(f"/v1/tool-executions/{first_key}")
+            assert blocker.json()["held_calls"] == [second_key]
+            settled = await operator.post(
+                f"/v1/tool-executions/{first_key}/resolve",
+                json={"status": "failed", "reason": "billing has no refund", "evidence": {"billing": "none"}},
+            )
+            assert settled.status_code == 200, settled.text
+        DOWNSTREAM.modes["acct_o1"] = "ok"
+        await asyncio.wait_for(second.result(), 30)
+    # Woken by the API, and again by the first run when it read the decision: a nudge is idempotent.
+    assert set(await _woken(temporal_env.client, second)) == {second_key}
+    record = await ledger.get(second_key)
+    assert record.status is Status.COMPLETED, "the first refund did not apply, so the second fits the budget"
+    assert DOWNSTREAM.received == {first_key: 1, second_key: 1}

@@ -46,6 +46,8 @@ CREATE INDEX tool_executions_entity ON tool_executions (tenant, tool_name, entit
     WHERE entity IS NOT NULL;
 CREATE INDEX tool_executions_intent ON tool_executions (run_id, payload_sha256);
 CREATE INDEX tool_executions_replaces ON tool_executions (replaces) WHERE replaces IS NOT NULL;
+-- The calls held behind a call: woken when it is settled, and shown on its record.
+CREATE INDEX tool_executions_held_by ON tool_executions (held_by) WHERE status = 'held';
 
 -- The operator's queue now holds held calls too.
 DROP INDEX tool_executions_unresolved;

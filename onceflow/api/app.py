@@ -19,6 +19,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
 from activities.compensation import COMPENSATION_SUFFIX, compensation_key
+from activities.held import wake_held
 from ledger import (
     ConflictNotOpenError,
     EventSource,
@@ -322,6 +323,7 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
         except EvidenceRequiredError as exc:
             raise Problem(422, "evidence-required", "Evidence required", str(exc), key=key) from None
         signalled = await tell_workflow(record, actor)
+        await wake_held(ledger, record, client)
         return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
 
     @app.post("/v1/tool-executions/{key}/resolve", response_model=DecisionResponse, dependencies=JSON)

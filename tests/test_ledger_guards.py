@@ -279,7 +279,13 @@ async def test_a_call_over_the_budget_is_refused_with_the_figures(ledger: Ledger
     assert fits.outcome is Reservation.NEW
 
     # Only a settlement releases the unknown 3000: as not applied, it leaves the budget.
-    await ledger.settle(second.record.key, status=Status.FAILED, actor="ops", reason="not applied")
+    await ledger.settle(
+        second.record.key,
+        status=Status.FAILED,
+        actor="ops",
+        reason="not applied",
+        evidence={"provider_refunds": []},
+    )
     now_fits = await reserve(ledger, run_id(), "c1", budget("ord_b", 2000))
     assert now_fits.outcome is Reservation.NEW
 
@@ -355,7 +361,9 @@ async def test_a_conflicted_failure_still_counts_against_the_budget(ledger: Ledg
     the amount stays reserved."""
     first = await reserve(ledger, run_id(), "c1", budget("ord_c", 8000))
     await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
-    await ledger.settle(first.record.key, status=Status.FAILED, actor="ops", reason="not there")
+    await ledger.settle(
+        first.record.key, status=Status.FAILED, actor="ops", reason="not there", evidence={"looked": "billing"}
+    )
     with pytest.raises(OutcomeIgnoredError):  # the owner's late answer is ignored, and flagged
         await ledger.complete(first.record.key, owner=first.record.owner or "", result={"late": True})
     assert (await ledger.get(first.record.key)).has_conflict

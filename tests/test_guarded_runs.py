@@ -24,7 +24,7 @@ from onceflow.constants import HELD_KEYS, UNRESOLVED_KEYS
 from onceflow.models import ScriptedModel
 from onceflow.models.config import ScriptedConfig
 from onceflow.payloads import AgentRunResult, ModelCallInput, ModelTurn, Phase, ResolveSignal, ToolOutcome
-from tests.support.agents import credit_agent
+from tests.support.agents import credit_agent, refund_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.operator_api import serving_api
@@ -57,20 +57,6 @@ class FreshIdModel:
 def fresh_id_agent(name: str, tool: str) -> Agent:
     scripted = credit_agent(name, tool, "pause")
     return Agent(name, scripted.config, scripted.tools, model=FreshIdModel(scripted))
-
-
-def refund_agent(name: str, tool: str) -> Agent:
-    agent = credit_agent(name, tool, "pause")
-    assert isinstance(agent.config.model, ScriptedConfig)
-    script = agent.config.model.model_dump()["script"]
-    script[1]["tool_calls"][0]["arguments"] = {
-        "order_id": "{{ input.order_id }}",
-        "amount_cents": "{{ results.lookup_order.amount_cents }}",
-    }
-    config = agent.config.model_copy(
-        update={"model": ScriptedConfig.model_validate({"provider": "scripted", "script": script})}
-    )
-    return Agent(name, config, agent.tools)
 
 
 @pytest.fixture

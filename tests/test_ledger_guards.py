@@ -362,7 +362,11 @@ async def test_a_conflicted_failure_still_counts_against_the_budget(ledger: Ledg
     first = await reserve(ledger, run_id(), "c1", budget("ord_c", 8000))
     await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
     await ledger.settle(
-        first.record.key, status=Status.FAILED, actor="ops", reason="not there", evidence={"looked": "billing"}
+        first.record.key,
+        status=Status.FAILED,
+        actor="ops",
+        reason="not there",
+        evidence={"looked": "billing"},
     )
     with pytest.raises(OutcomeIgnoredError):  # the owner's late answer is ignored, and flagged
         await ledger.complete(first.record.key, owner=first.record.owner or "", result={"late": True})

@@ -47,6 +47,36 @@ def credit_agent(name: str, tool: str, on_indeterminate: str = "pause", **policy
     return Agent(name, config, {t.name: t for t in toolset.tools})
 
 
+def refund_agent(name: str, tool: str) -> Agent:
+    """Looks the order up, then refunds it in full with `tool` (one of the guarded refund tools)."""
+    agent = credit_agent(name, tool, "pause")
+    script = [dict(turn) for turn in CREDIT_SCRIPT]
+    script[1] = {
+        "tool_calls": [
+            {
+                "name": tool,
+                "arguments": {
+                    "order_id": "{{ input.order_id }}",
+                    "amount_cents": "{{ results.lookup_order.amount_cents }}",
+                },
+            }
+        ]
+    }
+    script[2] = {"final": "refund result: {{ results." + tool + " }}"}
+    model = ScriptedConfig.model_validate({"provider": "scripted", "script": script})
+    return Agent(name, agent.config.model_copy(update={"model": model}), agent.tools)
+
+
+def reissue_agent(name: str, tool: str) -> Agent:
+    """The credit conversation, with the model asking for the same credit once more (a new call id)."""
+    agent = credit_agent(name, tool, "pause")
+    assert isinstance(agent.config.model, ScriptedConfig)
+    script = agent.config.model.model_dump()["script"]
+    script.insert(2, script[1])
+    model = ScriptedConfig.model_validate({"provider": "scripted", "script": script})
+    return Agent(name, agent.config.model_copy(update={"model": model}), agent.tools)
+
+
 def flaky_model_agent(name: str, failures: int) -> tuple[Agent, FlakyModel]:
     """The credit agent, talking to a model whose first `failures` calls fail."""
     agent = credit_agent(name, "issue_credit")
@@ -70,5 +100,7 @@ def support_registry() -> AgentRegistry:
             reconcile_deadline="1s",
             escalation_owner="billing-oncall",
         ),
+        refund_agent("refund", "refund_order"),
+        reissue_agent("credit-reissued", "issue_credit_reusing"),
     ]
     return AgentRegistry({a.name: a for a in agents})

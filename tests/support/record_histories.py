@@ -164,12 +164,20 @@ async def escalated_then_resolved(r: Recorder) -> None:
     DOWNSTREAM.modes[account] = "hang_after_apply"
     key = await _phase(handle, Phase.AWAITING_RECONCILIATION)
     reconciler = reconcile_workflow_id(key)
-    await asyncio.wait_for(r.client.get_workflow_handle(reconciler).result(), WAIT)
-    await r.save("reconcile-escalated", reconciler, "no hook answer by the deadline: escalated to the owner")
+
+    async def escalated() -> bool:
+        record = await r.api.ledger.find(key)
+        return record is not None and record.escalated_at is not None
+
+    # Past its deadline the reconciler escalates and stays open, watching the ledger for a person.
+    await _until(escalated, f"{key} to be escalated")
+    await r.save("reconcile-open_escalated", reconciler, "open: escalated to the owner, watching the ledger")
     signal = ResolveSignal(key=key, status="failed", reason="no credit in billing", actor="oncall")
     await handle.signal(AgentRunWorkflow.resolve, signal)
     await asyncio.wait_for(handle.result(), WAIT)
     await r.save("agent_run-escalated_then_resolved", handle.id, "escalated, then settled by a signal")
+    await asyncio.wait_for(r.client.get_workflow_handle(reconciler).result(), WAIT)
+    await r.save("reconcile-escalated_then_settled", reconciler, "escalated, then settled by a person")
 
 
 async def _compensate(r: Recorder, *, void_hangs: bool) -> str:
@@ -209,6 +217,30 @@ async def compensation_resolved_by_operator(r: Recorder) -> None:
     await r.save("compensation-resolved_by_operator", workflow_id, "void timed out; an operator settled it")
 
 
+async def held_then_refused_by_budget(r: Recorder) -> None:
+    # Two runs refund the same order: the second is held behind the first, then its budget is spent.
+    first, account = await r.start("refund")
+    DOWNSTREAM.modes[account] = "hang_after_apply"
+    order = account.removeprefix("acct_")
+    first_key = await _phase(first, Phase.AWAITING_RECONCILIATION)
+    second = await r.api.runs.start("refund", json.dumps({"order_id": order}))
+    await _phase(second, Phase.HELD)
+    await r.save("agent_run-open_held", second.id, "open: held behind another run's unknown refund")
+    signal = ResolveSignal(key=first_key, status="completed", reason="refund seen in billing", actor="alice")
+    await first.signal(AgentRunWorkflow.resolve, signal)
+    await asyncio.wait_for(first.result(), WAIT)
+    await asyncio.wait_for(second.result(), WAIT)
+    await r.save("agent_run-held_then_refused_by_budget", second.id, "held, woken, refused: budget spent")
+
+
+async def reissued_and_reused(r: Recorder) -> None:
+    handle, _ = await r.start("credit-reissued")
+    await asyncio.wait_for(handle.result(), WAIT)
+    await r.save(
+        "agent_run-reissued_and_reused", handle.id, "the same credit asked twice: the recorded one reused"
+    )
+
+
 SCENARIOS = [
     completed_read_and_write,
     reconciled_by_hook,
@@ -218,6 +250,8 @@ SCENARIOS = [
     escalated_then_resolved,
     compensated,
     compensation_resolved_by_operator,
+    held_then_refused_by_budget,
+    reissued_and_reused,
 ]
 
 

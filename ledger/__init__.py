@@ -17,6 +17,7 @@ from ledger.errors import (
 from ledger.guards import Guard, GuardArgumentError
 from ledger.migrate import migrate
 from ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
+from ledger.resends import ResendDecision
 from ledger.retention import PurgeReport, purge_settled
 from ledger.status import (
     OPERATOR_PREFIX,
@@ -55,6 +56,7 @@ __all__ = [
     "PurgeReport",
     "ReasonRequiredError",
     "RecordNotFoundError",
+    "ResendDecision",
     "Reservation",
     "ReserveResult",
     "SideEffect",

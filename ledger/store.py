@@ -31,6 +31,7 @@ from ledger.records import (
     to_event,
     to_record,
 )
+from ledger.resends import Resends
 from ledger.status import UNRESOLVED, EventSource, FailureKind, SideEffect, Status
 from onceflow.keys import call_key
 
@@ -96,11 +97,12 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError(f"malformed cursor {cursor!r}") from exc
 
 
-class Ledger(OperatorDecisions, GuardedReservations):
+class Ledger(OperatorDecisions, GuardedReservations, Resends):
     """The tool-execution ledger. Create with `await Ledger.connect(dsn)`; close with `close()`.
 
     Here: the call path (reserve, the owner's outcome, indeterminate) and reading. Operators'
-    decisions are in ledger.decisions, the plumbing in ledger.base.
+    decisions are in ledger.decisions, resends within a dedup window in ledger.resends, the
+    plumbing in ledger.base.
     """
 
     # -- reserve -------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ mcp_servers:
     headers: {Authorization: "Bearer ${BILLING_TOKEN}"}
     allow: [lookup_order, issue_credit]          # only these reach agents (default: all)
     tools:
-      issue_credit: {effect: external, timeout: 3s, reconcile: find_credit}
+      issue_credit: {effect: external, timeout: 3s, reconcile: find_credit, dedup_window: 24h}
       lookup_order: {effect: read}               # overrides what the annotations say
 """
 
@@ -66,8 +66,11 @@ class McpToolConfig(BaseModel):
     approval: bool = False
     # A read tool of the same server that the reconciler calls with the call's key (see docs/mcp.md).
     reconcile: str | None = None
+    # How long the server honours a repeated key: within it, an unknown call may be settled by
+    # sending it again with the same key (docs/reliability.md). Must exceed the tool's timeout.
+    dedup_window: timedelta | None = None
 
-    @field_validator("timeout", mode="before")
+    @field_validator("timeout", "dedup_window", mode="before")
     @classmethod
     def _timeout(cls, value: Any) -> timedelta | None:
         return None if value is None else _duration(value)

@@ -65,6 +65,10 @@ def _effect(config: McpServerConfig, name: str, side_effect: SideEffect) -> Effe
         if window is not None:
             raise ValueError(f"tools.{name}: a dedup window is for tools that change the world, not reads")
         return read(timeout=timeout)
+    if window is not None and window <= timeout:
+        raise ValueError(
+            f"tools.{name}: dedup_window ({window}) must be longer than the tool's timeout ({timeout})"
+        )
     if side_effect is SideEffect.WRITE:
         return write(timeout=timeout, approval=approval, dedup_window=window)
     if side_effect is SideEffect.EXTERNAL:

@@ -58,6 +58,9 @@ async def inspect_server(agents_path: str, server: str) -> dict[str, Any]:
                 "note": plan.note,
                 "reconcile": plan.lookup,
                 "approval": plan.effect.approval,
+                "dedup_window_seconds": (
+                    plan.effect.dedup_window.total_seconds() if plan.effect.dedup_window else None
+                ),
                 "problems": problems,
             }
         )
@@ -74,6 +77,8 @@ def _print(report: dict[str, Any]) -> None:
             extras.append(f"reconciled by {tool['reconcile']}")
         if tool["approval"]:
             extras.append("needs approval")
+        if tool["dedup_window_seconds"]:
+            extras.append(f"may be re-sent with its key within {tool['dedup_window_seconds']:g}s")
         extras.extend(tool["problems"])
         tail = f"; {'; '.join(extras)}" if extras else ""
         typer.echo(

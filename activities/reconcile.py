@@ -1,20 +1,46 @@
-"""Reconcile: ask the tool's own hook whether an unknown call took effect, and settle it if it knows."""
+"""Reconcile: find out whether an unknown call took effect, and settle it when the answer is definite.
+
+Two strategies, in this order:
+1. the tool's reconcile hook, when it has one;
+2. when there is no hook, or it answered unknown, and the tool declares a receiver dedup window:
+   send the call again with the same key, if the ledger says the window still allows it
+   (ledger/resends.py). The receiver honours the key, so the answer is the first request's answer,
+   or the call applied now if the first never arrived: either way one effect, and a definite answer
+   settles the call, with evidence naming the strategy.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 from temporalio import activity
 
 from activities.conflicts import tell_run_of_conflict
 from activities.held import wake_held
 from activities.outcomes import outcome_from_record
-from ledger import EventSource, InvalidTransitionError, Ledger, Status
+from activities.tools import send_once
+from ledger import (
+    EventSource,
+    FailureKind,
+    InvalidTransitionError,
+    Ledger,
+    ResendDecision,
+    Status,
+    ToolExecutionRecord,
+)
 from onceflow.agents import AgentRegistry
-from onceflow.payloads import ReconcileInput, ToolOutcome
-from onceflow.tools import OutcomeStatus, ToolContext
+from onceflow.constants import ACTIVITY_MARGIN
+from onceflow.payloads import OwnerOutcome, ReconcileInput, ToolOutcome
+from onceflow.tools import OutcomeStatus, Tool, ToolContext
 
 RECONCILER = "reconciler"
+# What a resend must leave before the window's end, beyond the tool's own timeout: the receiver's
+# clock and ours differ, and the request needs time on the wire.
+RESEND_MARGIN = ACTIVITY_MARGIN
+# Kept free at the end of this activity's own time, so a resend cut short is recorded as such.
+_SPARE_SECONDS = 1.0
 
 
 class ReconcileActivities:
@@ -24,13 +50,13 @@ class ReconcileActivities:
 
     @activity.defn(name="reconcile_call")
     async def reconcile_call(self, request: ReconcileInput) -> ToolOutcome:
-        """Run the hook once. A definite answer settles the call; `unknown` leaves it as it is."""
+        """One round: the hook, then perhaps a resend. A definite answer settles the call;
+        `unknown` leaves it as it is for the next round."""
+        began = time.monotonic()
         record = await self.ledger.get(request.key, with_events=False)
         if record.status is not Status.INDETERMINATE:
             return outcome_from_record(record)
         tool = self.registry.tool(request.agent, request.tool)
-        if tool.reconcile is None:
-            return outcome_from_record(record)
         context = ToolContext(
             idempotency_key=record.key,
             run_id=record.run_id,
@@ -39,43 +65,138 @@ class ReconcileActivities:
             attempt=record.attempt,
             logger=activity.logger,
         )
-        found = await asyncio.wait_for(
-            tool.run_reconcile(record.payload["arguments"], context), tool.effect.timeout.total_seconds()
-        )
-        if found.status is OutcomeStatus.UNKNOWN:
-            return outcome_from_record(record)
-        try:
+        if tool.reconcile is not None:
+            found = await asyncio.wait_for(
+                tool.run_reconcile(record.payload["arguments"], context), tool.effect.timeout.total_seconds()
+            )
             if found.status is OutcomeStatus.COMPLETED:
-                record = await self.ledger.settle(
-                    record.key,
-                    status=Status.COMPLETED,
-                    actor=RECONCILER,
+                return await self._settle(
+                    record,
+                    Status.COMPLETED,
                     reason=f"reconcile hook of {tool.name} found the effect",
                     evidence=found.evidence or None,
                     result=found.value,
                     result_reference=found.result_reference,
-                    source=EventSource.RECONCILER,
                 )
-            else:
-                record = await self.ledger.settle(
-                    record.key,
-                    status=Status.FAILED,
-                    actor=RECONCILER,
+            if found.status is OutcomeStatus.FAILED:
+                return await self._settle(
+                    record,
+                    Status.FAILED,
                     reason=f"reconcile hook of {tool.name} proved the effect absent",
                     evidence=found.evidence or None,
-                    source=EventSource.RECONCILER,
                 )
+        if tool.effect.dedup_window is not None:
+            return await self._resend(tool, record, context, began)
+        return outcome_from_record(record)
+
+    async def _resend(
+        self, tool: Tool, record: ToolExecutionRecord, context: ToolContext, began: float
+    ) -> ToolOutcome:
+        """Send the call again with its own key, if the ledger says the window allows it now."""
+        assert tool.effect.dedup_window is not None
+        timeout = min(tool.effect.timeout.total_seconds(), self._time_left(began))
+        if timeout <= 0:
+            # The hook used up this round; the next round starts with a full allowance.
+            return outcome_from_record(record)
+        decision = await self.ledger.begin_resend(
+            record.key,
+            window=tool.effect.dedup_window,
+            lead=tool.effect.timeout + RESEND_MARGIN,
+            actor=RECONCILER,
+        )
+        if not decision.allowed:
+            activity.logger.info("not re-sending %s: %s", record.key, decision.reason)
+            return outcome_from_record(decision.record)
+        sent = await send_once(
+            lambda: tool.invoke(record.payload["arguments"], context),
+            tool_name=tool.name,
+            timeout=timeout,
+            context=context,
+            owner=RECONCILER,
+        )
+        return await self._settle_resend(tool, decision, sent)
+
+    async def _settle_resend(self, tool: Tool, decision: ResendDecision, sent: OwnerOutcome) -> ToolOutcome:
+        record = decision.record
+        evidence: dict[str, Any] = decision.evidence()
+        if sent.status == "completed":
+            return await self._settle(
+                record,
+                Status.COMPLETED,
+                reason=f"re-sent with the same key inside {tool.name}'s receiver dedup window; "
+                "the receiver's answer is the call's outcome",
+                evidence=evidence,
+                result=sent.value,
+            )
+        # A refusal of the resend says the first request did not take effect either: the receiver
+        # would have answered a repeat of an applied key with the first answer. Not attempted (the
+        # resend never left) says nothing about the first request.
+        if sent.status == "failed" and sent.failure_kind in (
+            FailureKind.REJECTED,
+            FailureKind.POLICY_REFUSED,
+        ):
+            assert sent.failure_kind is not None
+            return await self._settle(
+                record,
+                Status.FAILED,
+                reason=f"re-sent with the same key inside {tool.name}'s receiver dedup window; "
+                f"the receiver refused it ({sent.failure_kind}), so it never took effect",
+                evidence={**evidence, "answer": sent.error, "answer_kind": sent.failure_kind.value},
+                failure_kind=(
+                    FailureKind.POLICY_REFUSED
+                    if sent.failure_kind is FailureKind.POLICY_REFUSED
+                    else FailureKind.NOT_APPLIED
+                ),
+            )
+        await self.ledger.append_event(
+            record.key,
+            actor=RECONCILER,
+            kind="resend_inconclusive",
+            source=EventSource.RECONCILER,
+            from_status=Status.INDETERMINATE,
+            reason=f"the resend told nothing: {sent.error or sent.status}"[:2000],
+            detail={"resend": decision.resends},
+        )
+        return outcome_from_record(await self.ledger.get(record.key, with_events=False))
+
+    @staticmethod
+    def _time_left(began: float) -> float:
+        """Seconds this activity attempt may still spend before Temporal gives up on it."""
+        allowed = activity.info().start_to_close_timeout
+        if allowed is None:
+            return float("inf")
+        return allowed.total_seconds() - (time.monotonic() - began) - _SPARE_SECONDS
+
+    async def _settle(
+        self,
+        record: ToolExecutionRecord,
+        status: Status,
+        *,
+        reason: str,
+        evidence: dict[str, Any] | None,
+        result: Any = None,
+        result_reference: str | None = None,
+        failure_kind: FailureKind = FailureKind.NOT_APPLIED,
+    ) -> ToolOutcome:
+        try:
+            settled = await self.ledger.settle(
+                record.key,
+                status=status,
+                actor=RECONCILER,
+                reason=reason,
+                evidence=evidence,
+                result=result,
+                result_reference=result_reference,
+                source=EventSource.RECONCILER,
+                failure_kind=failure_kind,
+            )
         except InvalidTransitionError:
             # An operator (or another reconciler) got there first; theirs stands, ours is noted,
             # and if ours contradicts theirs the call is flagged as a conflict.
-            record = await self.ledger.record_late_outcome(
-                record.key,
-                actor=RECONCILER,
-                status=Status(found.status.value),
-                evidence=found.evidence or None,
-                source=EventSource.RECONCILER,
+            settled = await self.ledger.record_late_outcome(
+                record.key, actor=RECONCILER, status=status, evidence=evidence, source=EventSource.RECONCILER
             )
-            if record.has_conflict:
-                await tell_run_of_conflict(record)
-        await wake_held(self.ledger, record)
-        return outcome_from_record(record)
+            if settled.has_conflict:
+                await tell_run_of_conflict(settled)
+        await wake_held(self.ledger, settled)
+        return outcome_from_record(settled)

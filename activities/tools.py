@@ -41,6 +41,7 @@ from onceflow.tools import (
     Tool,
     ToolContext,
     ToolNotAttemptedError,
+    ToolRefusedError,
     ToolRejectedError,
     to_jsonable,
 )
@@ -129,9 +130,12 @@ class BudgetLimitUnavailableError(Exception):
         )
 
 
-def _refused(call: ToolCall, error: Exception) -> ToolOutcome:
-    """A call that never reached the ledger or the world: the model is told why."""
-    return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(error))
+def _refused(call: ToolCall, error: Exception, kind: FailureKind | None = None) -> ToolOutcome:
+    """A call that never reached the ledger or the world: the model is told why (and, for a
+    refusal on policy grounds, that it is final)."""
+    return ToolOutcome(
+        tool_call_id=call.id, tool=call.name, key=None, status="error", error=str(error), failure_kind=kind
+    )
 
 
 class ToolActivities:
@@ -156,6 +160,8 @@ class ToolActivities:
             )
         except (ToolNotAttemptedError, ToolRejectedError) as exc:
             return _refused(call, exc)
+        except ToolRefusedError as exc:
+            return _refused(call, exc, FailureKind.POLICY_REFUSED)
         too_large = _oversized(value, self._result_cap(tool_input))
         if too_large:
             return ToolOutcome(
@@ -287,6 +293,8 @@ async def send_once(
         return outcome("failed", failure_kind=FailureKind.NOT_ATTEMPTED, error=str(exc) or "not attempted")
     except ToolRejectedError as exc:
         return outcome("failed", failure_kind=FailureKind.REJECTED, error=str(exc) or "rejected")
+    except ToolRefusedError as exc:  # final: the ledger never re-reserves the key
+        return outcome("failed", failure_kind=FailureKind.POLICY_REFUSED, error=str(exc) or "refused")
     except TimeoutError:
         return outcome("indeterminate", error=f"no answer within {timeout:g}s")
     except Exception as exc:  # an unknown error after the request may have left is unknown

@@ -19,6 +19,7 @@ from ledger.errors import (
 from ledger.guards import Guard, GuardArgumentError
 from ledger.migrate import migrate
 from ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
+from ledger.resends import ResendDecision
 from ledger.retention import PurgeReport, purge_settled
 from ledger.status import (
     OPERATOR_PREFIX,
@@ -59,6 +60,7 @@ __all__ = [
     "PurgeReport",
     "ReasonRequiredError",
     "RecordNotFoundError",
+    "ResendDecision",
     "Reservation",
     "ReserveResult",
     "SideEffect",

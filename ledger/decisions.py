@@ -83,8 +83,12 @@ class OperatorDecisions(ConflictFlags):
         tenant: str | None = None,
         source: EventSource = EventSource.API,
         detail: Any = None,
+        failure_kind: FailureKind = FailureKind.NOT_APPLIED,
     ) -> ToolExecutionRecord:
         """Compare-and-set an unknown call to `completed` or `failed`. One caller wins.
+
+        A `failed` settlement says the effect is absent (`not_applied`), or, when the receiver
+        answered a resend with a refusal on policy grounds, `policy_refused`, which is final.
 
         Unknown means `indeterminate`, or `started` with its owner's lease run out. The loser gets
         `AlreadySettledError` naming who won and when. `tenant`, when given, scopes the key: another
@@ -99,6 +103,8 @@ class OperatorDecisions(ConflictFlags):
         """
         if status not in (Status.COMPLETED, Status.FAILED):
             raise ValueError(f"a call can be settled completed or failed, not {status!r}")
+        if failure_kind not in (FailureKind.NOT_APPLIED, FailureKind.POLICY_REFUSED):
+            raise ValueError(f"a settled failure is not_applied or policy_refused, not {failure_kind!r}")
         reason = require_text(reason, "settling a call")
         actor = require_text(actor, "settling a call (actor)")
         async with self.connection("settle", key=key, status=status) as conn, conn.transaction():
@@ -134,7 +140,7 @@ class OperatorDecisions(ConflictFlags):
                     queries.SET_FAILED,
                     key,
                     current.value,
-                    FailureKind.NOT_APPLIED.value,
+                    failure_kind.value,
                     None,
                     actor,
                     reason,

@@ -209,6 +209,23 @@ ON CONFLICT (key) DO UPDATE
 RETURNING t.*, (xmax = 0) AS inserted
 """
 
+# -- resends within a receiver's dedup window (ledger/resends.py) ---------------------------------
+
+# The call (locked by SELECT_RECORD_FOR_UPDATE just before, in the same transaction) with the
+# database's clock and the window's bounds ($2: the window, $3: the lead a resend needs to arrive
+# inside it), and what the reconciler already recorded about resends.
+SELECT_FOR_RESEND = """
+SELECT t.*, clock_timestamp() AS checked_at,
+       t.created_at + $2::interval AS window_ends_at,
+       t.created_at + $2::interval - $3::interval AS send_by,
+       (SELECT count(*) FROM tool_execution_events e
+         WHERE e.key = t.key AND e.kind = 'resend') AS resends,
+       EXISTS (SELECT 1 FROM tool_execution_events e
+                WHERE e.key = t.key AND e.kind = 'resend_window_closed') AS window_closed_noted
+  FROM tool_executions t
+ WHERE t.key = $1
+"""
+
 # -- operator decisions ---------------------------------------------------------------------------
 
 # Decisions lock the row first, so the check, the change and its event see one state.

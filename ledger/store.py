@@ -32,6 +32,7 @@ from ledger.records import (
     to_event,
     to_record,
 )
+from ledger.resends import Resends
 from ledger.status import UNRESOLVED, EventSource, FailureKind, SideEffect, Status
 from onceflow.keys import call_key
 
@@ -97,12 +98,12 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError(f"malformed cursor {cursor!r}") from exc
 
 
-class Ledger(OperatorDecisions, GuardedReservations, LineageReads):
+class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends):
     """The tool-execution ledger. Create with `await Ledger.connect(dsn)`; close with `close()`.
 
     Here: the call path (reserve, the owner's outcome, indeterminate) and reading. Operators'
     decisions are in ledger.decisions, guarded reservations in ledger.guarded, lineage reads in
-    ledger.lineage, the plumbing in ledger.base.
+    ledger.lineage, resends within a dedup window in ledger.resends, the plumbing in ledger.base.
     """
 
     # -- reserve -------------------------------------------------------------------------------

@@ -231,7 +231,9 @@ class ToolOutcome(_Frozen):
             }
         if self.status in (Status.COMPLETED, "ok"):
             return {"ok": True, "result": self.value}
-        if self.status is Status.FAILED and self.failure_kind is not None and self.failure_kind.is_final:
+        # A read refused on policy grounds is final too (status "error": reads have no ledger row).
+        refused = self.status is Status.FAILED or self.status == "error"
+        if refused and self.failure_kind is not None and self.failure_kind.is_final:
             return {
                 "ok": False,
                 "took_effect": False,

@@ -17,10 +17,12 @@ from examples.billing.client import (
     BillingError,
     BillingLocked,
     BillingNotFound,
+    BillingPolicyRefused,
     BillingRejected,
     BillingUnavailable,
 )
 from examples.billing.models import FaultMode
+from examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, POLICY_PROBLEM_PREFIX
 from examples.billing.service import create_app
 from examples.billing.serving import BackgroundServer
 
@@ -343,3 +345,35 @@ async def test_without_dedup_every_request_applies_a_new_credit(tmp_path: Path) 
 
 async def test_the_default_service_dedups(billing: BillingClient) -> None:
     assert await billing.dedups()
+
+
+async def test_a_credit_above_the_authorization_limit_is_refused_on_policy_grounds(
+    billing: BillingClient,
+) -> None:
+    key, account = new_key(), new_account()
+    await billing.set_account_fault(account, FaultMode.LOCKED, times=1)
+    # Policy comes before faults, and a repeat under the same key is refused the same way.
+    for _ in range(2):
+        with pytest.raises(BillingPolicyRefused) as refused:
+            await billing.credit(account, DEFAULT_CREDIT_LIMIT_CENTS + 1, idempotency_key=key)
+        assert refused.value.status_code == 403
+        assert refused.value.problem["type"] == POLICY_PROBLEM_PREFIX + "credit-limit"
+        assert refused.value.problem["limit_cents"] == DEFAULT_CREDIT_LIMIT_CENTS
+        assert "authorization limit" in refused.value.detail
+    assert (await billing.effect(key)).applied == 0
+    assert [r.outcome for r in (await billing.received(key)).requests] == ["refused", "refused"]
+    with pytest.raises(BillingLocked):  # the refusals did not spend the account's one fault
+        await billing.credit(account, 100, idempotency_key=new_key())
+    at_the_limit = await billing.credit(account, DEFAULT_CREDIT_LIMIT_CENTS, idempotency_key=new_key())
+    assert at_the_limit.status == "applied"
+
+
+async def test_the_limit_is_configurable_and_applies_without_dedup(tmp_path: Path) -> None:
+    app = create_app(str(tmp_path / "b.sqlite3"), dedup=False, credit_limit_cents=1000)
+    with BackgroundServer(app) as running:
+        async with BillingClient(running.base_url) as client:
+            key = new_key()
+            with pytest.raises(BillingPolicyRefused):
+                await client.credit(new_account(), 1001, idempotency_key=key)
+            assert (await client.effect(key)).applied == 0
+            assert (await client.credit(new_account(), 1000, idempotency_key=new_key())).status == "applied"

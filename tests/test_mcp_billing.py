@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import FailureKind, Ledger, SideEffect, Status
+from examples.billing.store import BillingStore
+from ledger import CallIdentity, FailureKind, Ledger, SideEffect, Status
 from onceflow.agents import AgentRegistry, build_registry
 from onceflow.mcp.runtime import McpToolsets, mcp_toolsets
 from onceflow.mcp.tools import McpTool
@@ -60,6 +62,13 @@ async def mcp_registry(server_dir: Path) -> AsyncIterator[tuple[AgentRegistry, M
                     allow=["lookup_order", "issue_credit"],
                     tools={"issue_credit": {"approval": True, "reconcile": "find_credit"}},
                 ),
+                # No lookup, but the server keeps keys for good: a day is an honest window.
+                "billing-resend": stdio_server(
+                    server_dir,
+                    "billing-resend",
+                    allow=["issue_credit"],
+                    tools={"issue_credit": {"timeout": "2s", "dedup_window": "24h"}},
+                ),
                 "billing-manual": stdio_server(
                     server_dir,
                     "billing-manual",
@@ -74,6 +83,8 @@ async def mcp_registry(server_dir: Path) -> AsyncIterator[tuple[AgentRegistry, M
                 "statement-trusting": agent(STATEMENT_SCRIPT, ["billing-manual"], on_indeterminate="fail"),
                 "careless": agent(CARELESS_SCRIPT, ["billing"]),
                 "credit-approval": agent(CREDIT_SCRIPT, ["billing-approval"]),
+                "big-credit": agent(BIG_CREDIT_SCRIPT, ["billing"]),
+                "credit-resend": agent(HUNG_CREDIT_SCRIPT, ["billing-resend"]),
             },
         },
         "test_mcp_billing",
@@ -85,6 +96,23 @@ async def mcp_registry(server_dir: Path) -> AsyncIterator[tuple[AgentRegistry, M
 CARELESS_SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "issue_credit", "arguments": {"account_id": "acct_x", "amount_cents": "lots"}}]},
     {"final": "{{ results.issue_credit }}"},
+]
+
+
+# Above the example's authorization limit (50000 cents): refused on policy grounds.
+BIG_CREDIT_SCRIPT: list[dict[str, Any]] = [
+    {
+        "tool_calls": [
+            {"name": "issue_credit", "arguments": {"account_id": "acct_big", "amount_cents": 90_000}}
+        ]
+    },
+    {"final": "told: {{ results.issue_credit }}"},
+]
+
+# acct_hang's credits are applied and then hang for 30 s (tests/support/mcp_servers.FAULTS).
+HUNG_CREDIT_SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "issue_credit", "arguments": {"account_id": "acct_hang", "amount_cents": 700}}]},
+    {"final": "credit: {{ results.issue_credit }}"},
 ]
 
 
@@ -345,3 +373,60 @@ async def test_an_mcp_write_that_needs_approval_is_sent_only_once_approved(
     assert record.status is Status.COMPLETED
     assert record.approved_by == "operator:test"
     assert received(server_dir, "billing-approval", key, "issue_credit") == 1
+
+
+async def test_a_refusal_marked_in_meta_is_policy_refused_final_and_sent_once(
+    temporal_env: WorkflowEnvironment,
+    ledger: Ledger,
+    mcp_registry: tuple[AgentRegistry, McpToolsets],
+    server_dir: Path,
+) -> None:
+    registry, _ = mcp_registry
+    async with running_worker(temporal_env.client, ledger, registry) as harness:
+        handle = await harness.start("big-credit", "{}")
+        result = await asyncio.wait_for(handle.result(), 60)
+    key = f"{handle.id}:call_0_0"
+    record = await ledger.get(key)
+    assert (record.status, record.failure_kind) == (Status.FAILED, FailureKind.POLICY_REFUSED)
+    assert "authorization limit" in (record.error or "")
+    told = json.loads(result.final.removeprefix("told: "))
+    assert (told["final"], told["reason"]) == (True, "policy_refused")
+    assert received(server_dir, "billing", key, "issue_credit") == 1
+    # Not re-reserved under its key, by any worker: the ledger says so for good.
+    again = await ledger.reserve(
+        CallIdentity(tenant="acme", run_id=handle.id, tool_call_id="call_0_0"),
+        tool_name="issue_credit",
+        side_effect=SideEffect.EXTERNAL,
+        arguments={"account_id": "acct_big", "amount_cents": 90_000},
+        owner="another-worker",
+    )
+    assert not again.may_send
+
+
+async def test_unknown_mcp_call_is_settled_by_a_resend_inside_its_dedup_window(
+    temporal_env: WorkflowEnvironment,
+    ledger: Ledger,
+    mcp_registry: tuple[AgentRegistry, McpToolsets],
+    server_dir: Path,
+) -> None:
+    registry, _ = mcp_registry
+    tool = registry.agent("credit-resend").tools["issue_credit"]
+    assert tool.effect.dedup_window == timedelta(hours=24)
+    assert tool.reconcile is None
+    async with running_worker(temporal_env.client, ledger, registry) as harness:
+        handle = await harness.start("credit-resend", "{}")
+        result = await asyncio.wait_for(handle.result(), 60)
+    key = f"{handle.id}:call_0_0"
+    record = await ledger.get(key)
+    assert record.status is Status.COMPLETED
+    assert record.evidence["strategy"] == "resend_within_dedup_window"
+    assert [e.kind for e in record.events] == ["reserved", "indeterminate", "resend", "settled"]
+    assert record.result["idempotency_key"] == key
+    # The server heard the key twice and applied one credit: the resend got the first answer.
+    assert received(server_dir, "billing-resend", key, "issue_credit") == 2
+    store = BillingStore(str(server_dir / "billing-resend.db"))
+    try:
+        assert store.effect(key) == (1, False)
+    finally:
+        store.close()
+    assert record.result["credit_id"] in result.final

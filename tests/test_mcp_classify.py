@@ -14,8 +14,9 @@ from ledger import SideEffect
 from onceflow.agents import AgentConfigError, build_registry, load_agents
 from onceflow.mcp import Hints, McpConfigError, McpServerConfig, classify
 from onceflow.mcp.config import expand_variables
+from onceflow.mcp.meta import REFUSED_META_KEY
 from onceflow.mcp.runtime import plan_server
-from onceflow.mcp.tools import lookup_outcome
+from onceflow.mcp.tools import is_policy_refusal, lookup_outcome
 from onceflow.tools import OutcomeStatus
 
 
@@ -241,3 +242,43 @@ def test_plan_refuses_approval_on_a_read() -> None:
     config = McpServerConfig.model_validate({"command": "x", "tools": {"look": {"approval": True}}})
     _, errors = plan_server(config, LISTING)
     assert errors == ["tools.look: approval is for tools that change the world, not reads"]
+
+
+def test_plan_carries_a_dedup_window_to_the_tools_effect() -> None:
+    config = McpServerConfig.model_validate(
+        {"command": "x", "tools": {"pay": {"timeout": "2s", "dedup_window": "24h"}}}
+    )
+    plans, errors = plan_server(config, LISTING)
+    assert errors == []
+    pay = next(plan for plan in plans if plan.name == "pay").effect
+    assert pay is not None and pay.dedup_window is not None
+    assert pay.dedup_window.total_seconds() == 24 * 3600
+    look = next(plan for plan in plans if plan.name == "look").effect
+    assert look is not None and look.dedup_window is None
+
+
+@pytest.mark.parametrize(
+    ("tools", "problem"),
+    [
+        ({"look": {"dedup_window": "1h"}}, "tools.look: a dedup window is for tools that change the world"),
+        ({"pay": {"timeout": "5s", "dedup_window": "5s"}}, "must be longer than the tool's timeout"),
+    ],
+)
+def test_plan_refuses_a_dedup_window_that_cannot_work(tools: dict[str, Any], problem: str) -> None:
+    config = McpServerConfig.model_validate({"command": "x", "tools": tools})
+    _, errors = plan_server(config, LISTING)
+    assert len(errors) == 1 and problem in errors[0]
+
+
+def test_a_dedup_window_must_be_a_positive_duration() -> None:
+    with pytest.raises(ValueError, match="dedup_window"):
+        McpServerConfig.model_validate({"command": "x", "tools": {"pay": {"dedup_window": "0s"}}})
+
+
+def test_only_an_error_result_marked_in_meta_is_a_policy_refusal() -> None:
+    text: list[ContentBlock] = [TextContent(type="text", text="above the limit")]
+    marked = {REFUSED_META_KEY: True}
+    assert is_policy_refusal(CallToolResult(content=text, is_error=True, _meta=marked))
+    assert not is_policy_refusal(CallToolResult(content=text, is_error=True))  # an ordinary rejection
+    assert not is_policy_refusal(CallToolResult(content=text, _meta=marked))  # a result, not an error
+    assert not is_policy_refusal(CallToolResult(content=text, is_error=True, _meta={REFUSED_META_KEY: "yes"}))

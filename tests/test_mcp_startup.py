@@ -97,7 +97,10 @@ def test_inspect_prints_each_tool_with_its_class_and_why(tmp_path: Path) -> None
     server = stdio_server(
         tmp_path,
         "billing",
-        tools={"issue_credit": {"reconcile": "find_credit"}, "send_statement": {"effect": "write"}},
+        tools={
+            "issue_credit": {"reconcile": "find_credit", "dedup_window": "24h"},
+            "send_statement": {"effect": "write"},
+        },
     )
     path = tmp_path / "agents.yaml"
     path.write_text(yaml.safe_dump(_agents(server)))
@@ -114,6 +117,8 @@ def test_inspect_prints_each_tool_with_its_class_and_why(tmp_path: Path) -> None
     }
     assert tools["issue_credit"]["why"] == "readOnlyHint=false, destructiveHint=false, openWorldHint=true"
     assert tools["issue_credit"]["reconcile"] == "find_credit"
+    assert tools["issue_credit"]["dedup_window_seconds"] == 24 * 3600
+    assert tools["lookup_order"]["dedup_window_seconds"] is None
     assert tools["find_credit"]["note"] == "reconcile lookup for issue_credit, not offered to the model"
     assert tools["send_statement"]["why"].startswith(
         "agents.yaml sets effect: write (server says: readOnlyHint=true"
@@ -121,6 +126,7 @@ def test_inspect_prints_each_tool_with_its_class_and_why(tmp_path: Path) -> None
     text = runner.invoke(app, ["mcp", "inspect", "billing-mcp", "--agents", str(path)])
     assert text.exit_code == 0
     assert "issue_credit         external     1 attempt" in text.stdout
+    assert "may be re-sent with its key within 86400s" in text.stdout
     missing = runner.invoke(app, ["mcp", "inspect", "payroll", "--agents", str(path)])
     assert missing.exit_code == 2
     assert "declares no MCP server 'payroll' (declared: billing-mcp)" in missing.output

@@ -7,6 +7,7 @@ import pkgutil
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,24 @@ def test_toolset_discovery_fails_when_a_module_does_not_import(
     (root / broken).write_text("import a_module_that_does_not_exist\n")
     with pytest.raises(ImportError):
         toolsets_in(name)
+
+
+def test_a_dedup_window_must_outlast_the_timeout_and_belongs_to_writes() -> None:
+    tools = Toolset("windows")
+    second, day = timedelta(seconds=1), timedelta(hours=24)
+
+    @tools.tool(external(timeout=second, dedup_window=day))
+    async def honest(account_id: str, context: ToolContext) -> None:
+        return None
+
+    @tools.tool(external(timeout=timedelta(seconds=5), dedup_window=timedelta(seconds=5)))
+    async def too_short(account_id: str, context: ToolContext) -> None:
+        return None
+
+    @tools.tool(Effect(SideEffect.READ, max_attempts=3, dedup_window=day))
+    async def a_read(account_id: str) -> None:
+        return None
+
+    assert_tool_contract(honest)
+    assert tool_contract_problems(too_short) == ["its dedup window must be longer than its timeout"]
+    assert tool_contract_problems(a_read) == ["a dedup window is for tools that change the world, not reads"]

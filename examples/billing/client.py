@@ -3,6 +3,8 @@
 What an exception means for the effect:
     BillingBadRequest (400), BillingConflict (409), BillingRejected (422), BillingLocked (423):
         a definite no; nothing was applied for this request.
+    BillingPolicyRefused (a problem type under `…/problems/policy/`, e.g. 403 credit-limit): a
+        refusal on policy grounds; nothing was applied, and asking again will not change it.
     BillingNotFound (404): the thing asked for does not exist.
     BillingUnavailable (5xx): this service's own 503 applies nothing, but in general a 5xx from a
         gateway can hide an applied effect; the caller decides.
@@ -29,6 +31,7 @@ from examples.billing.models import (
     ReceivedByKey,
     ReceivedCounts,
 )
+from examples.billing.policy import POLICY_PROBLEM_PREFIX
 
 
 class BillingError(Exception):
@@ -74,6 +77,12 @@ class BillingLocked(BillingError):
     status_code = 423
 
 
+class BillingPolicyRefused(BillingError):
+    """The service will not do this on policy grounds (e.g. above the authorization limit); final."""
+
+    status_code = 403
+
+
 class BillingUnavailable(BillingError):
     """5xx: the service failed to answer properly."""
 
@@ -101,6 +110,8 @@ def _raise_for_status(response: httpx.Response) -> None:
     detail = str(problem.get("detail") or response.reason_phrase or response.status_code)
     status = response.status_code
     error = BillingUnavailable if status >= 500 else _ERRORS.get(status, BillingError)
+    if str(problem.get("type", "")).startswith(POLICY_PROBLEM_PREFIX):
+        error = BillingPolicyRefused
     raise error(detail, status_code=status, problem=problem)
 
 

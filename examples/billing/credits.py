@@ -15,6 +15,7 @@ with needs_extra("api"):
 
 from examples.billing.faults import FAULT_DELAY_HEADER, FAULT_HEADER, Fault, FaultBook
 from examples.billing.models import Credit, CreditRequest, FaultMode
+from examples.billing.policy import CREDIT_LIMIT_SLUG, DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
 from examples.billing.problems import Problem
 from examples.billing.received import mark_unanswered, received_id
 from examples.billing.serving import ABORT_EXTENSION
@@ -34,6 +35,7 @@ class BillingState:
 
     store: BillingStore
     faults: FaultBook = field(default_factory=FaultBook)
+    credit_limit_cents: int = DEFAULT_CREDIT_LIMIT_CENTS
 
 
 def billing_state(request: Request) -> BillingState:
@@ -75,6 +77,8 @@ async def create_credit(
 ) -> Response:
     """Apply a credit once per Idempotency-Key; the same key and body replays the first answer.
 
+    A credit above the authorization limit is refused on policy grounds (403, type `…/policy/…`).
+
     With dedup off (`--no-dedup`) nothing is replayed: every request applies a new credit.
     """
     key = require_key(idempotency_key)
@@ -86,6 +90,16 @@ async def create_credit(
         raise _conflict(key) from None
     if recorded is not None:
         return _answer(recorded)
+    # Policy before faults: a credit the service will never make is refused whatever else happens.
+    refusal = over_credit_limit(body.amount_cents, state.credit_limit_cents)
+    if refusal is not None:
+        raise Problem(
+            403,
+            CREDIT_LIMIT_SLUG,
+            "Credit above the authorization limit",
+            refusal,
+            limit_cents=state.credit_limit_cents,
+        )
 
     # The request's own header wins over (and does not spend) an account fault.
     fault = Fault.of(fault_mode, fault_delay) if fault_mode else state.faults.take(body.account_id)

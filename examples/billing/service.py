@@ -6,11 +6,13 @@ its Idempotency-Key, before deciding anything (received.py). `--no-dedup` makes 
 all, as many real APIs don't: every credit request applies a new credit. Run it with
 
     python -m examples.billing.service --host 127.0.0.1 --port 8081 [--db PATH] [--no-dedup]
+        [--credit-limit CENTS]
 
 Endpoints (JSON; errors are problem documents):
     GET    /health                              {"ok": true}
     GET    /orders/{order_id}                   a deterministic order for any `ord_<suffix>`
-    POST   /credits                             apply a credit once per Idempotency-Key (credits.py)
+    POST   /credits                             apply a credit once per Idempotency-Key (credits.py);
+                                                above --credit-limit cents: 403, refused on policy grounds
     GET    /credits/by-key/{idempotency_key}    the credit for a key, or 404
     POST   /credits/{credit_id}/void            void once; repeats answer the same
     GET    /effects, /effects/{key}             how often each key really took effect
@@ -33,6 +35,7 @@ with needs_extra("api"):
 from examples.billing import credits, received
 from examples.billing.credits import BillingState, State
 from examples.billing.models import AccountFault, Effect, Effects, FaultSpec, Order, seeded_order
+from examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS
 from examples.billing.problems import Problem, install_problem_handlers
 from examples.billing.serving import uvicorn_config
 from examples.billing.store import BillingStore
@@ -40,17 +43,24 @@ from examples.billing.store import BillingStore
 router = APIRouter(tags=["service"])
 
 
-def create_app(store_path: str | None = None, *, dedup: bool = True) -> FastAPI:
+def create_app(
+    store_path: str | None = None,
+    *,
+    dedup: bool = True,
+    credit_limit_cents: int = DEFAULT_CREDIT_LIMIT_CENTS,
+) -> FastAPI:
     """The billing service. `store_path` is an SQLite file that outlives restarts; None keeps it in memory.
 
-    `dedup=False`: honour no Idempotency-Key (every credit request applies). The store opens when
+    `dedup=False`: honour no Idempotency-Key (every credit request applies). `credit_limit_cents`:
+    the authorization limit per credit; above it a credit is refused on policy grounds, in either
+    mode. The store opens when
     the app starts serving and closes when it stops, so create one app per run.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = BillingStore(store_path, dedup=dedup)
-        app.state.billing = BillingState(store)
+        app.state.billing = BillingState(store, credit_limit_cents=credit_limit_cents)
         try:
             yield
         finally:
@@ -134,8 +144,18 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="honour no Idempotency-Key: every POST /credits applies a new credit (requests are still recorded)",
     )
+    parser.add_argument(
+        "--credit-limit",
+        type=int,
+        default=DEFAULT_CREDIT_LIMIT_CENTS,
+        metavar="CENTS",
+        help="authorization limit per credit; above it a credit is refused on policy grounds "
+        f"(default {DEFAULT_CREDIT_LIMIT_CENTS})",
+    )
     args = parser.parse_args(argv)
-    app = create_app(args.db, dedup=not args.no_dedup)
+    if args.credit_limit < 0:
+        parser.error("--credit-limit cannot be negative")
+    app = create_app(args.db, dedup=not args.no_dedup, credit_limit_cents=args.credit_limit)
     config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level)
     uvicorn.Server(config).run()
 

@@ -15,6 +15,7 @@ from examples.billing.client import (
     BillingClient,
     BillingConflict,
     BillingLocked,
+    BillingPolicyRefused,
     BillingRejected,
 )
 from onceflow import (
@@ -23,6 +24,7 @@ from onceflow import (
     ToolContext,
     ToolExecutionRecord,
     ToolNotAttemptedError,
+    ToolRefusedError,
     ToolRejectedError,
     Toolset,
     external,
@@ -84,8 +86,9 @@ async def send_credit(
     """POST the credit once, and say what billing's refusals mean to onceflow.
 
     Locked: refused at the door, nothing processed (`ToolNotAttemptedError`). Rejected, or the key
-    already used for another body: a definite no (`ToolRejectedError`). Anything else propagates, and
-    onceflow calls the outcome unknown.
+    already used for another body: a definite no (`ToolRejectedError`). Refused on policy grounds
+    (above the authorization limit): final, never sent again, and the model is told so
+    (`ToolRefusedError`). Anything else propagates, and onceflow calls the outcome unknown.
     """
     try:
         credit = await client.credit(account_id, amount_cents, idempotency_key=idempotency_key)
@@ -93,6 +96,8 @@ async def send_credit(
         raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
     except (BillingRejected, BillingConflict) as exc:
         raise ToolRejectedError(exc.detail) from exc
+    except BillingPolicyRefused as exc:
+        raise ToolRefusedError(exc.detail) from exc
     return credit.model_dump(mode="json")
 
 

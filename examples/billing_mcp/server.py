@@ -13,6 +13,11 @@ Tools and their annotations (honest, except the one marked as a liar):
 `_meta["io.onceflow/idempotency-key"]`, never from an argument: the model cannot choose it. A call
 without one is refused (`isError`), with nothing applied.
 
+`issue_credit` applies the billing example's policy rule (examples/billing/policy.py): a credit
+above the authorization limit (`BILLING_MCP_CREDIT_LIMIT` cents, default 50000) is answered
+`isError: true` with `_meta["io.onceflow/refused"] = true`, which onceflow records as a final
+refusal on policy grounds, never sent again.
+
 Every request for a key is written to the `mcp_requests` table before anything else happens, so a
 test can count what the server *received*, which a server that deduplicates by key would otherwise
 hide. Credits live in the billing example's own store (examples/billing/store.py), in the SQLite
@@ -41,15 +46,17 @@ from onceflow.extras import needs_extra
 with needs_extra("mcp"):
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
-    from mcp.types import ToolAnnotations
+    from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from examples.billing.faults import Fault
 from examples.billing.models import CreditRequest, FaultMode, seeded_order
+from examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
 from examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced
-from onceflow.mcp.meta import IDEMPOTENCY_META_KEY
+from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY
 
 FAULTS_ENV = "BILLING_MCP_FAULTS"
 TOKEN_ENV = "BILLING_MCP_TOKEN"
+CREDIT_LIMIT_ENV = "BILLING_MCP_CREDIT_LIMIT"
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
 MOVES_MONEY = ToolAnnotations(
@@ -115,11 +122,32 @@ def _key(ctx: Context) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
-def create_server(db_path: str, faults: dict[str, Fault] | None = None) -> MCPServer:
+def _credit_limit_from_env() -> int:
+    return int(os.environ.get(CREDIT_LIMIT_ENV) or DEFAULT_CREDIT_LIMIT_CENTS)
+
+
+def policy_refusal(text: str) -> CallToolResult:
+    """An error result that says: refused on policy grounds, and final (see onceflow.mcp.meta)."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], is_error=True, _meta={REFUSED_META_KEY: True}
+    )
+
+
+def credit_result(body: dict[str, Any]) -> CallToolResult:
+    """A credit as MCPServer would have answered a returned dict: JSON text plus structured content."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(body, indent=2))], structured_content=body
+    )
+
+
+def create_server(
+    db_path: str, faults: dict[str, Fault] | None = None, credit_limit_cents: int | None = None
+) -> MCPServer:
     """The billing MCP server over the credits stored in `db_path`."""
     store = BillingStore(db_path)
     requests = RequestLog(db_path)
     faults = _faults_from_env() if faults is None else faults
+    limit = _credit_limit_from_env() if credit_limit_cents is None else credit_limit_cents
     server = MCPServer(
         "billing-mcp", instructions="Orders and credits of the onceflow billing example.", log_level="WARNING"
     )
@@ -151,7 +179,7 @@ def create_server(db_path: str, faults: dict[str, Fault] | None = None) -> MCPSe
     @server.tool(annotations=MOVES_MONEY)
     async def issue_credit(
         account_id: str, amount_cents: int, ctx: Context, memo: str | None = None
-    ) -> dict[str, Any]:
+    ) -> CallToolResult:
         """Credit an account, in cents. Applied once per idempotency key (sent in _meta)."""
         key = _key(ctx)
         requests.received("issue_credit", key)
@@ -166,7 +194,10 @@ def create_server(db_path: str, faults: dict[str, Fault] | None = None) -> MCPSe
         except IdempotencyConflict:
             raise ToolError(f"key {key!r} was first used for another credit; nothing was applied") from None
         if recorded is not None:
-            return recorded.body
+            return credit_result(recorded.body)
+        refusal = over_credit_limit(amount_cents, limit)
+        if refusal is not None:
+            return policy_refusal(refusal)
         fault = faults.get(account_id)
         await before_apply(fault)
         try:
@@ -176,7 +207,7 @@ def create_server(db_path: str, faults: dict[str, Fault] | None = None) -> MCPSe
                 f"key {key!r} cannot be used ({type(exc).__name__}); nothing was applied"
             ) from None
         await after_apply(fault)
-        return answer.body
+        return credit_result(answer.body)
 
     @server.tool(annotations=READ_ONLY)
     def find_credit(idempotency_key: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ mcp_servers:
     headers: {Authorization: "Bearer ${BILLING_TOKEN}"}
     allow: [lookup_order, issue_credit]          # only these reach agents (default: all)
     tools:
-      issue_credit: {effect: external, timeout: 3s, reconcile: find_credit}
+      issue_credit: {effect: external, timeout: 3s, reconcile: find_credit, dedup_window: 24h}
       lookup_order: {effect: read}               # overrides what the annotations say
       issue_refund:
         guards: {entity: order_id, amount: amount_cents, limit_from: refundable_balance}
@@ -116,8 +116,11 @@ class McpToolConfig(BaseModel):
     reconcile: str | None = None
     # Intent, entity and budget guards (docs/mcp.md); only for tools that change the world.
     guards: McpGuardsConfig | None = None
+    # How long the server honours a repeated key: within it, an unknown call may be settled by
+    # sending it again with the same key (docs/reliability.md). Must exceed the tool's timeout.
+    dedup_window: timedelta | None = None
 
-    @field_validator("timeout", mode="before")
+    @field_validator("timeout", "dedup_window", mode="before")
     @classmethod
     def _timeout(cls, value: Any) -> timedelta | None:
         return None if value is None else _duration(value)

@@ -64,6 +64,9 @@ async def inspect_server(agents_path: str, server: str) -> dict[str, Any]:
                 "reconcile": plan.lookup,
                 "approval": plan.effect.approval,
                 "guards": declared_guards(plan.guards),
+                "dedup_window_seconds": (
+                    plan.effect.dedup_window.total_seconds() if plan.effect.dedup_window else None
+                ),
                 "problems": problems,
             }
         )
@@ -93,6 +96,8 @@ def _print(report: dict[str, Any]) -> None:
             extras.append("needs approval")
         if tool["guards"]:
             extras.append("guards: " + ", ".join(f"{k}={v}" for k, v in tool["guards"].items()))
+        if tool["dedup_window_seconds"]:
+            extras.append(f"may be re-sent with its key within {tool['dedup_window_seconds']:g}s")
         extras.extend(tool["problems"])
         tail = f"; {'; '.join(extras)}" if extras else ""
         typer.echo(

@@ -7,3 +7,9 @@ effect per key makes the call take effect once.
 """
 
 IDEMPOTENCY_META_KEY = "io.onceflow/idempotency-key"
+
+# On a result: `isError: true` with `_meta["io.onceflow/refused"] = true` is a refusal on policy
+# grounds (an authorization limit, a guardrail). onceflow records it `failed` (`policy_refused`),
+# final: the call is never sent again, and the model is told not to make it again. An `isError`
+# result without it stays an ordinary rejection.
+REFUSED_META_KEY = "io.onceflow/refused"

@@ -61,15 +61,22 @@ def _effect(config: McpServerConfig, name: str, side_effect: SideEffect) -> Effe
     tool = config.tools.get(name)
     timeout = (tool.timeout if tool else None) or config.timeout
     approval = bool(tool and tool.approval)
+    window = tool.dedup_window if tool else None
     if side_effect is SideEffect.READ:
         if approval:
             raise ValueError(f"tools.{name}: approval is for tools that change the world, not reads")
+        if window is not None:
+            raise ValueError(f"tools.{name}: a dedup window is for tools that change the world, not reads")
         return read(timeout=timeout)
+    if window is not None and window <= timeout:
+        raise ValueError(
+            f"tools.{name}: dedup_window ({window}) must be longer than the tool's timeout ({timeout})"
+        )
     if side_effect is SideEffect.WRITE:
-        return write(timeout=timeout, approval=approval)
+        return write(timeout=timeout, approval=approval, dedup_window=window)
     if side_effect is SideEffect.EXTERNAL:
-        return external(timeout=timeout, approval=approval)
-    return destructive(timeout=timeout, approval=approval)
+        return external(timeout=timeout, approval=approval, dedup_window=window)
+    return destructive(timeout=timeout, approval=approval, dedup_window=window)
 
 
 def plan_server(config: McpServerConfig, listed: list[Any]) -> tuple[list[ToolPlan], list[str]]:

@@ -2,6 +2,8 @@
 
 What a call's ending means (the activity turns these into ledger outcomes):
 - no session could be had (the server did not start, answer or initialize): `ToolNotAttemptedError`;
+- the server answered `isError: true` with `_meta["io.onceflow/refused"] = true`: a refusal on
+  policy grounds, `ToolRefusedError` (final, never sent again);
 - the server answered `isError: true`, or refused the request as malformed (JSON-RPC -32602,
   -32601, -32600): `ToolRejectedError`, a definite no;
 - anything else once the request was handed to the transport (connection closed, the process died,
@@ -20,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from onceflow.mcp.classify import Classification
 from onceflow.mcp.connection import McpConnection, McpUnavailableError
-from onceflow.mcp.meta import IDEMPOTENCY_META_KEY
+from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY
 from onceflow.tools import (
     REPLACES_ARGUMENT,
     Effect,
@@ -31,6 +33,7 @@ from onceflow.tools import (
     Tool,
     ToolContext,
     ToolNotAttemptedError,
+    ToolRefusedError,
     ToolRejectedError,
 )
 
@@ -50,6 +53,11 @@ class McpCallError(Exception):
 def result_text(result: CallToolResult) -> str:
     texts = [getattr(block, "text", None) for block in result.content]
     return "\n".join(t for t in texts if t) or "(no text)"
+
+
+def is_policy_refusal(result: CallToolResult) -> bool:
+    """An error result the server marked as a refusal on policy grounds (see onceflow.mcp.meta)."""
+    return bool(result.is_error) and (result.meta or {}).get(REFUSED_META_KEY) is True
 
 
 def result_value(result: CallToolResult) -> Any:
@@ -185,6 +193,8 @@ def make_tool(
         # A write checks the session first, so "could not connect" is known to be "not sent".
         result = await send(connection, remote, arguments, context.idempotency_key, check=changes_the_world)
         if result.is_error:
+            if is_policy_refusal(result):
+                raise ToolRefusedError(result_text(result)[:2000])
             raise ToolRejectedError(result_text(result)[:2000])
         return result_value(result)
 

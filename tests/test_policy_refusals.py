@@ -29,6 +29,9 @@ from workflows.agent_run import AgentRunWorkflow
 OVER_LIMIT = DEFAULT_CREDIT_LIMIT_CENTS + 40_000
 
 
+BIG_CREDIT = {"account_id": "{{ input.account_id }}", "amount_cents": OVER_LIMIT}
+
+
 def _agent(script: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "model": {"provider": "scripted", "script": script},
@@ -50,6 +53,14 @@ AGENTS = {
                         }
                     ]
                 },
+                {"final": "told: {{ results.issue_credit }}"},
+            ]
+        ),
+        # A model that does not listen: told the credit is final, it asks for it again (a new id).
+        "big-credit-twice": _agent(
+            [
+                {"tool_calls": [{"name": "issue_credit", "arguments": BIG_CREDIT}]},
+                {"tool_calls": [{"name": "issue_credit", "arguments": BIG_CREDIT}]},
                 {"final": "told: {{ results.issue_credit }}"},
             ]
         ),
@@ -129,6 +140,22 @@ async def test_credit_above_the_limit_is_policy_refused_final_and_sent_once(
         FailureKind.POLICY_REFUSED,
         1,
     )
+
+
+async def test_the_same_refused_call_asked_again_under_a_new_id_is_refused_without_sending(
+    harness: Harness, ledger: Ledger, billing: BillingClient
+) -> None:
+    account = f"acct_{uuid.uuid4().hex[:8]}"
+    handle = await harness.start("big-credit-twice", json.dumps({"account_id": account}))
+    result = await asyncio.wait_for(handle.result(), 60)
+    first, again = f"{handle.id}:call_0_0", f"{handle.id}:call_1_0"
+    assert (await ledger.get(first)).failure_kind is FailureKind.POLICY_REFUSED
+    record = await ledger.get(again)
+    assert (record.status, record.failure_kind) == (Status.FAILED, FailureKind.GUARD_REFUSED)
+    assert "refused by the receiver on policy grounds" in (record.error or "")
+    assert told(result.final)["final"] is True
+    assert (await billing.received(first)).received == 1
+    assert (await billing.received(again)).received == 0
 
 
 async def test_a_read_refused_on_policy_grounds_is_told_final(harness: Harness) -> None:

@@ -201,6 +201,15 @@ class Killer:
                 kill.hits.append(PointHit(held.point, held.run_id, held.key, verified=False, note=note))
                 mark_done(path)
 
+    async def kill_for_point(self, slots: list[WorkerSlot], cause: str = "planned") -> Kill:
+        """Kill and replace these workers for a point the runner itself detected (reserve.py); the
+        caller holds `lock` and adds the hit. Points the workers also held are taken as for chaos."""
+        await self._kill_and_replace(slots, cause)
+        kill = self.kills[-1]
+        for pid in kill.pids:
+            self._take_other_holds(pid, kill)
+        return kill
+
     # -- the kill itself --------------------------------------------------------------------------
 
     async def _kill_and_replace(self, slots: list[WorkerSlot], cause: str) -> int | None:

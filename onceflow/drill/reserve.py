@@ -75,7 +75,6 @@ class ReserveTrap:
     async def _step(self, run: PlannedRun) -> None:
         trap = self.traps.get(run.run_id)
         if trap is None:
-            self.traps.pop(run.run_id, None)
             trap = await self._set(run)
             if trap is None:
                 return

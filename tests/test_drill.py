@@ -4,8 +4,9 @@ The small drill starts its own Temporal dev server, PostgreSQL, billing service 
 idempotency key) and two worker processes, kills workers at every kill point on purpose and at
 random, and must find every invariant holding. Its JSON report is checked here again from the raw
 per-call figures, and the credit requests per key are counted again straight from the billing
-service's own record, so a report whose verdicts were too kind would still fail this test. A drill
-whose workers are sabotaged to send a write twice must fail.
+service's own record, and the credits per run, account and amount from its credits table, so a
+report whose verdicts were too kind would still fail this test. A drill whose workers are sabotaged
+to send a write twice must fail; so must one whose credit tool lets a re-issued credit pay again.
 """
 
 from __future__ import annotations

@@ -370,12 +370,20 @@ def drill(
     sabotage_resend_after_timeout: Annotated[
         bool, typer.Option(hidden=True, help="Tests of the drill only: workers that send a write twice.")
     ] = False,
+    sabotage_intent: Annotated[
+        str | None,
+        typer.Option(
+            hidden=True, help="Tests of the drill only: declare the credit tool's intent allow or hold."
+        ),
+    ] = None,
 ) -> None:
     """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
     receiver that honours no idempotency key."""
     from onceflow.drill.cli import run_from_cli
     from onceflow.drill.runner import DrillConfig
 
+    if sabotage_intent not in (None, "allow", "hold"):
+        raise typer.BadParameter("allow or hold", param_hint="--sabotage-intent")
     config = DrillConfig(
         runs=runs,
         seed=seed,
@@ -386,6 +394,7 @@ def drill(
         planned_kills=planned_kills,
         timeout=timeout,
         sabotage=sabotage_resend_after_timeout,
+        sabotage_intent=sabotage_intent,
     )
     _exit_now(run_from_cli(config))
 

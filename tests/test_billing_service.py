@@ -377,3 +377,21 @@ async def test_the_limit_is_configurable_and_applies_without_dedup(tmp_path: Pat
                 await client.credit(new_account(), 1001, idempotency_key=key)
             assert (await client.effect(key)).applied == 0
             assert (await client.credit(new_account(), 1000, idempotency_key=new_key())).status == "applied"
+
+
+async def test_credits_lists_what_was_paid_per_account_whatever_the_keys(billing: BillingClient) -> None:
+    account, other = new_account(), new_account()
+    first = await billing.credit(account, 300, idempotency_key=new_key())
+    again = await billing.credit(account, 300, idempotency_key=new_key())  # same credit, new key
+    with pytest.raises(BillingLocked):
+        await billing.credit(other, 100, idempotency_key=new_key(), fault=FaultMode.LOCKED)
+    await billing.void_credit(first.credit_id, idempotency_key=new_key())
+
+    listed = await billing.credits(account)
+    assert [(c.credit_id, c.amount_cents, c.status) for c in listed] == [
+        (first.credit_id, 300, "voided"),
+        (again.credit_id, 300, "applied"),
+    ]
+    assert await billing.credits(other) == []  # refused at the door: nothing paid
+    everything = {c.credit_id for c in await billing.credits()}
+    assert {first.credit_id, again.credit_id} <= everything

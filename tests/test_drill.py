@@ -4,8 +4,9 @@ The small drill starts its own Temporal dev server, PostgreSQL, billing service 
 idempotency key) and two worker processes, kills workers at every kill point on purpose and at
 random, and must find every invariant holding. Its JSON report is checked here again from the raw
 per-call figures, and the credit requests per key are counted again straight from the billing
-service's own record, so a report whose verdicts were too kind would still fail this test. A drill
-whose workers are sabotaged to send a write twice must fail.
+service's own record, and the credits per run, account and amount from its credits table, so a
+report whose verdicts were too kind would still fail this test. A drill whose workers are sabotaged
+to send a write twice must fail; so must one whose credit tool lets a re-issued credit pay again.
 """
 
 from __future__ import annotations
@@ -22,11 +23,22 @@ from typing import Any
 import asyncpg
 import pytest
 
+from examples.billing.models import seeded_order
 from ledger import CallIdentity, FailureKind, Ledger, SideEffect
+from onceflow.drill.intents import INVARIANT as INTENT_INVARIANT
+from onceflow.drill.intents import AppliedCredit
 from onceflow.drill.points import MARKERS_ENV, KillPoint, arm, claim, read_held, still_armed
 from onceflow.drill.report import Downstream, RunEnd, check_run
-from onceflow.drill.scenario import WRITE_CALLS, plan_runs
+from onceflow.drill.scenario import (
+    ORIGINAL_CALL,
+    REISSUE_CALL,
+    SENT_CALLS,
+    WRITE_CALLS,
+    PlannedRun,
+    plan_runs,
+)
 from onceflow.drill.sends import EVENTS, Reruns, judge_sends, reruns_by_key
+from onceflow.payloads import AgentRunResult, CallSummary
 
 RUNS = 10
 
@@ -54,7 +66,17 @@ def credit_requests_per_key(report: dict[str, Any]) -> Counter[str | None]:
     return Counter(key for (key,) in rows)
 
 
-def test_small_drill_loses_no_run_and_sends_no_key_twice(tmp_path: Path) -> None:
+def credits_per_intent(report: dict[str, Any]) -> Counter[tuple[str, str, int]]:
+    """Credits billing applied per (run, account, amount), straight from its SQLite file."""
+    conn = sqlite3.connect(Path(report["run_dir"]) / "billing.sqlite3")
+    try:
+        rows = conn.execute("SELECT idempotency_key, account_id, amount_cents FROM credits").fetchall()
+    finally:
+        conn.close()
+    return Counter((key.rsplit(":", 1)[0], account, amount) for key, account, amount in rows)
+
+
+def test_small_drill_loses_no_run_and_pays_no_key_or_intent_twice(tmp_path: Path) -> None:
     # All at once: the random kills end when the points are met.
     code, report, output = _drill(
         tmp_path, "--runs", str(RUNS), "--seed", "11", "--timeout", "170", "--concurrency", str(RUNS)
@@ -68,6 +90,7 @@ def test_small_drill_loses_no_run_and_sends_no_key_twice(tmp_path: Path) -> None
     assert totals["runs"] == RUNS
     assert totals["runs_lost"] == 0
     assert totals["keys_sent_more_than_once"] == 0
+    assert totals["intents_applied_more_than_once"] == 0
     assert totals["ledger_records_per_call"] == 1.0
     assert totals["duplicate_effects"] == 0
     # The runs meeting no planned point had a credit refused at the door (423): received once,
@@ -91,7 +114,9 @@ def test_small_drill_loses_no_run_and_sends_no_key_twice(tmp_path: Path) -> None
             if run["outcome"] == "completed":
                 assert call["records"] == 1 and call["run_says"] == call["status"], call
             if call["status"] == "completed":
-                assert call["effects"] == 1, call
+                assert call["effects"] == (0 if call["reused_from"] else 1), call
+            if call["reused_from"]:
+                assert call["received"] == 0 and call["key"].endswith(REISSUE_CALL), call
             if call["status"] in ("failed", None):
                 assert call["effects"] == 0, call
     confirmed = [hit for kill in report["kills"] if kill["cause"] == "planned" for hit in kill["hits"]]
@@ -107,6 +132,25 @@ def test_small_drill_loses_no_run_and_sends_no_key_twice(tmp_path: Path) -> None
     assert max(raw.values()) == 1, [key for key, n in raw.items() if n > 1]
     assert totals["legit_resends_after_not_attempted"] == 0
     assert totals["credit_requests_received"] == sum(raw.values())
+
+    # The intents, counted again from billing's own credits: no run paid for one (account, amount)
+    # twice, and every completed run paid its order's amount exactly once unless both the first
+    # credit and its re-issue failed without effect.
+    paid = credits_per_intent(report)
+    assert paid and max(paid.values()) == 1, [intent for intent, n in paid.items() if n > 1]
+    lost_answer_then_reused = 0
+    for run in report["runs"]:
+        first, again = run["calls"][0], run["calls"][-1]
+        if run["outcome"] != "completed":
+            continue
+        order_paid = sum(
+            n for (run_id, _, amount), n in paid.items() if run_id == run["run_id"] and amount > 250
+        )
+        assert order_paid == (0 if first["status"] == again["status"] == "failed" else 1), run
+        if first["status"] == "completed":
+            assert again["reused_from"] == first["key"] and again["received"] == 0, run
+            lost_answer_then_reused += first["settled_by"] == "reconciler"
+    assert lost_answer_then_reused >= 1, "no run lost the first credit's answer and then re-issued it"
 
 
 def test_a_drill_whose_workers_send_a_write_twice_fails_and_counts_the_keys(tmp_path: Path) -> None:
@@ -129,6 +173,29 @@ def test_a_drill_whose_workers_send_a_write_twice_fails_and_counts_the_keys(tmp_
     assert "SABOTAGED" in output
 
 
+def test_a_drill_whose_credit_tool_lets_a_reissue_pay_again_fails_the_intent_check(tmp_path: Path) -> None:
+    # No kills and no faults on these two runs: each first credit completes, and the re-issue of it,
+    # declared `allow` instead of `reuse`, is sent under its own key and paid again.
+    code, report, output = _drill(
+        tmp_path,
+        *("--runs", "2", "--seed", "3", "--timeout", "120", "--concurrency", "2"),
+        *("--no-random-kills", "--no-planned-kills", "--sabotage-intent", "allow"),
+    )
+    assert code == 1, output
+    assert not report["ok"]
+    invariants = report["invariants"]
+    assert invariants["no_intent_applied_more_than_once"] is False, invariants
+    # Every key was sent and applied once: a check of keys alone would have passed.
+    assert invariants["no_key_sent_more_than_once"] is True, invariants
+    assert invariants["at_most_one_effect_per_key"] is True, invariants
+    assert report["totals"]["intents_applied_more_than_once"] == 2, report["totals"]
+    paid = credits_per_intent(report)
+    twice = sorted(run_id for (run_id, _, _), n in paid.items() if n > 1)
+    assert twice == sorted(run["run_id"] for run in report["runs"]), paid
+    assert max(credit_requests_per_key(report).values()) == 1
+    assert "SABOTAGED" in output
+
+
 def test_a_point_is_claimed_once_and_only_when_its_condition_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -145,77 +212,144 @@ def test_a_point_is_claimed_once_and_only_when_its_condition_holds(
     assert still_armed(tmp_path) == []
 
 
-def test_every_kill_point_is_planned_within_six_runs() -> None:
-    plans = plan_runs(6, seed=5)
+def test_every_kill_point_is_planned_within_one_cycle_and_the_first_credit_loses_its_answer() -> None:
+    plans = plan_runs(7, seed=5)
     assert {plan.point for plan in plans} == {*KillPoint, None}
-    assert all(plan.fault for plan in plans if plan.point in (KillPoint.DOWNSTREAM, KillPoint.RECONCILE))
+    assert all(
+        plan.fault
+        for plan in plans
+        if plan.point in (KillPoint.DOWNSTREAM, KillPoint.RECONCILE, KillPoint.RESERVE)
+    )
+    # Across many runs, half of the after-answer kills strike the first credit (the one re-issued).
+    targets = Counter(
+        plan.condition["tool_call_id"]
+        for plan in plan_runs(700, seed=5)
+        if plan.point is KillPoint.AFTER_ANSWER
+    )
+    assert set(targets) == set(SENT_CALLS) and 0.4 < targets[ORIGINAL_CALL] / sum(targets.values()) < 0.6
 
 
-def _rows(run_id: str, status: str) -> list[dict[str, Any]]:
-    return [
-        {"tool_call_id": call, "key": f"{run_id}:{call}", "status": status, "settled_by": None}
-        for call in WRITE_CALLS
-    ]
+AMOUNTS = {"call_1_1": 100, "call_2_1": 250}
+
+
+def _amount(plan: PlannedRun, call: str) -> int:
+    order = seeded_order(plan.order_id)
+    assert order is not None
+    return AMOUNTS.get(call, order.amount_cents)  # the first credit and its re-issue: the order's
+
+
+def _row(plan: PlannedRun, call: str, status: str, reused_from: str | None = None) -> dict[str, Any]:
+    return {
+        "tool_call_id": call,
+        "key": plan.key(call),
+        "status": status,
+        "settled_by": None,
+        "account_id": plan.account_id,
+        "amount_cents": _amount(plan, call),
+        "reused_from": reused_from,
+    }
+
+
+def _rows(plan: PlannedRun, status: str) -> list[dict[str, Any]]:
+    """Every call with `status`; a completed re-issue was handed the first credit's result."""
+    reused = plan.key(ORIGINAL_CALL) if status == "completed" else None
+    return [_row(plan, call, status, reused if call == REISSUE_CALL else None) for call in WRITE_CALLS]
 
 
 def _once(keys: list[str], **changes: int) -> dict[str, int]:
     return {**dict.fromkeys(keys, 1), **changes}
 
 
+def _seen(
+    plan: PlannedRun,
+    effects: dict[str, int],
+    received: dict[str, int],
+    reruns: dict[str, Reruns] | None = None,
+) -> Downstream:
+    """What billing shows: its credits (account and amount per call) exactly as `effects` counts."""
+    credits = [
+        AppliedCredit(plan.key(call), plan.account_id, _amount(plan, call))
+        for call in WRITE_CALLS
+        for _ in range(effects.get(plan.key(call), 0))
+    ]
+    return Downstream(effects, received, reruns or {}, credits)
+
+
+def _completed(rows: list[dict[str, Any]]) -> RunEnd:
+    """A completed run that reports each call as the ledger has it."""
+    calls = [
+        CallSummary(tool_call_id=r["tool_call_id"], tool="issue_credit", key=r["key"], status=r["status"])
+        for r in rows
+    ]
+    return RunEnd("completed", result=AgentRunResult(run_id="r", final="", turns=5, calls=calls))
+
+
 def _flagged(problems: list[str]) -> list[str]:
     return sorted(p.split(":")[0] for p in problems)
 
 
+def _sent(plan: PlannedRun) -> list[str]:
+    return [plan.key(call) for call in SENT_CALLS]
+
+
 def test_the_checks_flag_a_second_effect_and_an_effect_behind_a_failed_record() -> None:
     [plan] = plan_runs(1, seed=1)
-    keys = plan.keys()
-    completed = _rows(plan.run_id, "completed")
-    assert check_run(plan, RunEnd("waiting"), completed, Downstream(_once(keys), _once(keys))).problems == []
+    sent = _sent(plan)
+    completed = _rows(plan, "completed")
+    assert (
+        check_run(plan, _completed(completed), completed, _seen(plan, _once(sent), _once(sent))).problems
+        == []
+    )
 
-    effects = _once(keys, **{keys[0]: 2})
-    problems = check_run(plan, RunEnd("waiting"), completed, Downstream(effects, _once(keys))).problems
-    assert _flagged(problems) == ["at_most_one_effect_per_key", "completed_calls_took_effect_once"]
+    effects = _once(sent, **{sent[0]: 2})
+    problems = check_run(plan, RunEnd("waiting"), completed, _seen(plan, effects, _once(sent))).problems
+    assert _flagged(problems) == [
+        "at_most_one_effect_per_key",
+        "completed_calls_took_effect_once",
+        *[INTENT_INVARIANT] * 2,  # applied twice; the ledger says once
+    ]
 
-    seen = Downstream({keys[1]: 1}, {keys[1]: 1})
-    problems = check_run(plan, RunEnd("waiting"), _rows(plan.run_id, "failed"), seen).problems
-    assert _flagged(problems) == ["failed_calls_took_no_effect"]
+    problems = check_run(
+        plan, RunEnd("waiting"), _rows(plan, "failed"), _seen(plan, {sent[1]: 1}, {sent[1]: 1})
+    ).problems
+    assert _flagged(problems) == ["failed_calls_took_no_effect", INTENT_INVARIANT]
 
 
 def test_the_checks_flag_a_key_sent_twice_even_when_billing_applied_it_once() -> None:
     [plan] = plan_runs(1, seed=1)
-    keys = plan.keys()
-    seen = Downstream(_once(keys), _once(keys, **{keys[2]: 2}))
-    check = check_run(plan, RunEnd("waiting"), _rows(plan.run_id, "completed"), seen)
+    sent = _sent(plan)
+    seen = _seen(plan, _once(sent), _once(sent, **{sent[2]: 2}))
+    check = check_run(plan, RunEnd("waiting"), _rows(plan, "completed"), seen)
     assert _flagged(check.problems) == ["no_key_sent_more_than_once"]
-    assert [(c.received, c.extra_sends) for c in check.calls] == [(1, 0), (1, 0), (2, 1)]
+    assert [(c.received, c.extra_sends) for c in check.calls] == [(1, 0), (1, 0), (2, 1), (0, 0)]
 
 
 def test_the_checks_allow_one_resend_per_rerun_after_not_attempted_and_no_other() -> None:
     [plan] = plan_runs(1, seed=1)
-    keys = plan.keys()
-    received = _once(keys, **{keys[0]: 2, keys[1]: 2, keys[2]: 3})
-    rows = [{**row, "attempt": 2} for row in _rows(plan.run_id, "completed")]
+    sent = _sent(plan)
+    received = _once(sent, **{sent[0]: 2, sent[1]: 2, sent[2]: 3})
+    rows = [{**row, "attempt": 2 if row["key"] in sent else 1} for row in _rows(plan, "completed")]
     reruns = {
-        keys[0]: Reruns(after_not_attempted=1),
-        keys[1]: Reruns(after_other_failure=1),
-        keys[2]: Reruns(after_not_attempted=1),
+        sent[0]: Reruns(after_not_attempted=1),
+        sent[1]: Reruns(after_other_failure=1),
+        sent[2]: Reruns(after_not_attempted=1),
     }
-    check = check_run(plan, RunEnd("waiting"), rows, Downstream(_once(keys), received, reruns))
-    assert [(c.legit_resends, c.extra_sends) for c in check.calls] == [(1, 0), (0, 1), (1, 1)]
+    check = check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once(sent), received, reruns))
+    assert [(c.legit_resends, c.extra_sends) for c in check.calls] == [(1, 0), (0, 1), (1, 1), (0, 0)]
     assert _flagged(check.problems) == ["no_key_sent_more_than_once"] * 2
     assert judge_sends(0, Reruns(after_not_attempted=2)) == judge_sends(0, None)
 
     # A re-reservation the events do not explain: re-sends can no longer be told apart.
     rows[0]["attempt"] = 3
-    check = check_run(plan, RunEnd("waiting"), rows, Downstream(_once(keys), received, reruns))
+    check = check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once(sent), received, reruns))
     assert sum("events show 1 re-reservations" in p for p in check.problems) == 1
 
 
 def test_the_checks_flag_a_request_the_ledger_never_reserved() -> None:
     [plan] = plan_runs(1, seed=1)
-    rows = [row for row in _rows(plan.run_id, "completed") if row["tool_call_id"] != "call_2_1"]
-    keys = plan.keys()
-    check = check_run(plan, RunEnd("waiting"), rows, Downstream(_once(keys[:2]), _once(keys)))
+    rows = [row for row in _rows(plan, "completed") if row["tool_call_id"] != "call_2_1"]
+    sent = _sent(plan)
+    check = check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once(sent[:2]), _once(sent)))
     assert _flagged(check.problems) == ["no_request_without_ledger_record"]
 
 
@@ -224,6 +358,66 @@ def test_the_checks_count_a_failed_or_stuck_run_as_lost() -> None:
     for end in (RunEnd("failed", "boom"), RunEnd("stuck"), None):
         problems = check_run(plan, end, [], Downstream({}, {})).problems
         assert [p.split(":")[0] for p in problems] == ["no_run_lost"]
+
+
+def test_a_reissue_that_paid_again_under_its_own_key_fails_only_the_intent_check() -> None:
+    """Each key sent once and applied once, as a key-only check wants; the order was paid twice."""
+    [plan] = plan_runs(1, seed=1)
+    keys = plan.keys()
+    rows = [_row(plan, call, "completed") for call in WRITE_CALLS]  # the re-issue sent, not reused
+    check = check_run(plan, _completed(rows), rows, _seen(plan, _once(keys), _once(keys)))
+    assert set(_flagged(check.problems)) == {INTENT_INVARIANT}
+    [paid_twice] = [i for i in check.intents if i.applied > 1]
+    assert (paid_twice.amount_cents, paid_twice.calls) == (
+        _amount(plan, ORIGINAL_CALL),
+        [ORIGINAL_CALL, REISSUE_CALL],
+    )
+    assert any("the original completed" in p for p in check.problems), check.problems
+
+
+def test_after_a_failed_original_the_reissue_is_the_one_payment_and_two_failures_are_none() -> None:
+    [plan] = plan_runs(1, seed=1)
+    sent = _sent(plan)
+    first, again = plan.key(ORIGINAL_CALL), plan.key(REISSUE_CALL)
+    rows = [
+        _row(plan, ORIGINAL_CALL, "failed"),
+        *_rows(plan, "completed")[1:3],
+        _row(plan, REISSUE_CALL, "completed"),
+    ]
+    paid = _once([*sent[1:], again])
+    assert check_run(plan, _completed(rows), rows, _seen(plan, paid, _once([*sent, again]))).problems == []
+
+    # Both failed without effect: nothing paid is exactly right; a payment would not be.
+    rows[-1] = _row(plan, REISSUE_CALL, "failed")
+    assert check_run(plan, _completed(rows), rows, _seen(plan, _once(sent[1:]), _once(sent))).problems == []
+    problems = check_run(plan, _completed(rows), rows, _seen(plan, _once(sent), _once(sent))).problems
+    assert INTENT_INVARIANT in _flagged(problems)
+
+    # A completed original paid nothing: the run says one payment, billing shows none.
+    rows = _rows(plan, "completed")
+    problems = check_run(plan, _completed(rows), rows, _seen(plan, _once(sent[1:]), _once(sent))).problems
+    assert _flagged(problems) == ["completed_calls_took_effect_once", *[INTENT_INVARIANT] * 3]
+    assert first in " ".join(problems)
+
+
+def test_a_reused_call_must_point_at_a_payment_and_send_nothing() -> None:
+    [plan] = plan_runs(1, seed=1)
+    sent, again = _sent(plan), plan.key(REISSUE_CALL)
+    rows = _rows(plan, "completed")
+    problems = check_run(
+        plan, _completed(rows), rows, _seen(plan, _once(sent), _once([*sent, again]))
+    ).problems
+    assert _flagged(problems) == ["no_intent_applied_more_than_once"] * 2  # reused, yet sent
+    rows[-1]["reused_from"] = plan.key("call_1_1")  # another credit's result
+    problems = check_run(plan, _completed(rows), rows, _seen(plan, _once(sent), _once(sent))).problems
+    assert _flagged(problems) == [INTENT_INVARIANT] * 2 and "reused" in problems[0]
+
+
+def test_an_unresolved_original_with_a_payment_is_not_a_mismatch() -> None:
+    [plan] = plan_runs(1, seed=1)
+    sent = _sent(plan)
+    rows = [_row(plan, ORIGINAL_CALL, "indeterminate"), *_rows(plan, "completed")[1:3]]
+    assert check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once(sent), _once(sent))).problems == []
 
 
 async def test_reruns_are_read_from_the_ledgers_events_by_the_failure_before_them(

@@ -212,6 +212,13 @@ class BillingClient:
         _raise_for_status(response)
         return Credit.model_validate(response.json())
 
+    async def credits(self, account_id: str | None = None) -> list[Credit]:
+        """Every credit billing applied (voided ones too), oldest first; one account's if given."""
+        params = {"account_id": account_id} if account_id else None
+        response = await self._http.get("/credits", params=params)
+        _raise_for_status(response)
+        return [Credit.model_validate(item) for item in response.json()]
+
     async def effects(self) -> Effects:
         """Applications per idempotency key, for tests: `(await c.effects()).count(key)`."""
         response = await self._http.get("/effects")

@@ -125,6 +125,13 @@ async def create_credit(
     return _answer(answer)
 
 
+@router.get("/credits", response_model=list[Credit])
+async def list_credits(state: State, account_id: str | None = None) -> list[Credit]:
+    """Every credit applied, oldest first (one account's with `?account_id=`): what was paid, by
+    account and amount, whatever keys it came under."""
+    return state.store.credits(account_id)
+
+
 @router.get("/credits/by-key/{idempotency_key:path}", response_model=Credit)
 async def credit_by_key(idempotency_key: str, state: State) -> Credit:
     """The credit applied for a key, in its current state: what a reconcile hook asks."""

@@ -213,6 +213,17 @@ class BillingStore:
             )
             return None
 
+    def credits(self, account_id: str | None = None) -> list[Credit]:
+        """Every credit the service applied (voided ones too), oldest first; one account's if given."""
+        query = f"SELECT {CREDIT_COLUMNS} FROM credits"
+        params: tuple[str, ...] = ()
+        if account_id is not None:
+            query += " WHERE account_id = ?"
+            params = (account_id,)
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY rowid", params).fetchall()
+        return [_credit(row) for row in rows]
+
     def credit_by_key(self, key: str) -> Credit | None:
         """The credit applied for `key`, in its current state (applied or voided)."""
         with self._lock:

@@ -16,7 +16,8 @@ def run_from_cli(config: DrillConfig) -> int:
     print(
         f"drill: {config.runs} runs, seed {config.seed}, {config.workers} workers, "
         f"{config.concurrency} in flight, random kills {'on' if config.random_kills else 'off'}, "
-        f"planned kills {'on' if config.planned_kills else 'off'}",
+        f"planned kills {'on' if config.planned_kills else 'off'}"
+        + (f", SABOTAGED credit intent {config.sabotage_intent}" if config.sabotage_intent else ""),
         flush=True,
     )
     report = asyncio.run(run_drill(config))

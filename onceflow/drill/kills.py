@@ -102,13 +102,20 @@ class Killer:
         ready = await self._downstream_holds(held) if held.point is KillPoint.DOWNSTREAM else True
         # Points the same worker holds and sleeps at (all but `downstream`, which is only announced)
         # are hit by this kill too: judge them as well, with their facts from before and after it.
-        also = [
-            (other_path, other)
-            for other_path, other in read_held(self.markers)
-            if other.pid == held.pid and other_path != path and other.point is not KillPoint.DOWNSTREAM
-        ]
-        targets = [(path, held), *also]
-        before = [await self._facts(h) for _, h in targets]
+        # Look again after taking facts (which takes a while), so that a point the worker reached
+        # meanwhile is judged too rather than lost as "not checked"; only the last instant is left.
+        targets: list[tuple[Path, Held]] = [(path, held)]
+        before: list[Facts] = []
+        while len(before) < len(targets):
+            before += [await self._facts(h) for _, h in targets[len(before) :]]
+            known = {target_path for target_path, _ in targets}
+            targets += [
+                (other_path, other)
+                for other_path, other in read_held(self.markers)
+                if other.pid == held.pid
+                and other_path not in known
+                and other.point is not KillPoint.DOWNSTREAM
+            ]
         pid = await self._kill_and_replace([slot], "planned")
         for (target_path, target), facts in zip(targets, before, strict=True):
             after = await self._facts(target)
@@ -200,6 +207,15 @@ class Killer:
                 note = "held by the killed worker; not checked"
                 kill.hits.append(PointHit(held.point, held.run_id, held.key, verified=False, note=note))
                 mark_done(path)
+
+    async def kill_for_point(self, slots: list[WorkerSlot], cause: str = "planned") -> Kill:
+        """Kill and replace these workers for a point the runner itself detected (reserve.py); the
+        caller holds `lock` and adds the hit. Points the workers also held are taken as for chaos."""
+        await self._kill_and_replace(slots, cause)
+        kill = self.kills[-1]
+        for pid in kill.pids:
+            self._take_other_holds(pid, kill)
+        return kill
 
     # -- the kill itself --------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 from temporalio.client import Client
@@ -22,6 +23,7 @@ from temporalio.client import Client
 from ledger import migrate
 from onceflow.client import search_attribute_flags
 from onceflow.drill.points import MARKERS_ENV
+from onceflow.drill.tools import SABOTAGE_INTENT_ENV
 from onceflow.extras import MissingExtraError
 from onceflow.postgres import EmbeddedPostgres, create_database
 
@@ -36,6 +38,13 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def with_application_name(dsn: str, name: str) -> str:
+    """The DSN with `application_name` set, so the server shows which process a session is."""
+    parts = urlsplit(dsn)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "application_name"]
+    return urlunsplit(parts._replace(query=urlencode([*query, ("application_name", name)])))
 
 
 def kill_group(process: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGKILL) -> None:
@@ -59,11 +68,20 @@ class DrillProcesses:
     """Start with `await start()`; `stop()` ends everything still running (also after a failure)."""
 
     def __init__(
-        self, run_dir: Path, agents_path: Path, markers: Path, workers: int = 2, *, sabotage: bool = False
+        self,
+        run_dir: Path,
+        agents_path: Path,
+        markers: Path,
+        workers: int = 2,
+        *,
+        sabotage: bool = False,
+        sabotage_intent: str | None = None,
     ) -> None:
         self.run_dir = run_dir
         # Tests of the drill only: start the broken worker of sabotage.py instead of worker.py.
         self.worker_command = ["-m", "onceflow.drill.sabotage"] if sabotage else ["worker.py"]
+        # Tests of the drill only: the credit tool declared with this intent instead (tools.py).
+        self.sabotage_intent = sabotage_intent
         self.logs = run_dir / "logs"
         self.agents_path = agents_path
         self.markers = markers
@@ -120,24 +138,39 @@ class DrillProcesses:
             *search_attribute_flags(),
         ]
 
-    def worker_environment(self) -> dict[str, str]:
-        return {
+    def worker_environment(self, name: str = "worker") -> dict[str, str]:
+        environment = {
             **os.environ,
             "TEMPORAL_ADDRESS": self.temporal_address,
             "TEMPORAL_NAMESPACE": NAMESPACE,
             "ONCEFLOW_TASK_QUEUE": TASK_QUEUE,
-            "ONCEFLOW_DATABASE_URL": self.database_url,
+            # Named per incarnation, so the runner can tell whose ledger session waits where (the
+            # `reserve` point, reserve.py); asyncpg passes the parameter on as a server setting.
+            "ONCEFLOW_DATABASE_URL": with_application_name(self.database_url, name),
             "ONCEFLOW_AGENTS": str(self.agents_path),
             "ONCEFLOW_BILLING_URL": self.billing_url,
             MARKERS_ENV: str(self.markers),
             "OTEL_TRACES_EXPORTER": "none",
         }
+        environment.pop(SABOTAGE_INTENT_ENV, None)
+        if self.sabotage_intent:
+            environment[SABOTAGE_INTENT_ENV] = self.sabotage_intent
+        return environment
 
     def start_worker(self, slot: WorkerSlot) -> None:
         slot.incarnation += 1
         name = f"{slot.name}-{slot.incarnation}"
-        slot.process = self._spawn(name, [sys.executable, *self.worker_command], self.worker_environment())
+        slot.process = self._spawn(
+            name, [sys.executable, *self.worker_command], self.worker_environment(name)
+        )
         slot.pids.append(slot.process.pid)
+
+    def slot_named(self, name: str) -> WorkerSlot | None:
+        """The slot whose *current* worker is incarnation `name` (e.g. "worker-a-3")."""
+        for slot in self.slots:
+            if f"{slot.name}-{slot.incarnation}" == name:
+                return slot
+        return None
 
     def slot_of(self, pid: int) -> WorkerSlot | None:
         for slot in self.slots:

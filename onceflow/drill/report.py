@@ -5,12 +5,15 @@ any dedup, and the drill runs it with `--no-dedup`, so a key onceflow sent twice
 (sends.py). Invariants (each must hold for the drill to pass, and each can fail):
 - no_key_sent_more_than_once: billing received no key's credit request more than once, except one
   more per re-reservation after a definite "not attempted" failure (counted apart as legit re-sends).
+- no_intent_applied_more_than_once: billing paid no run's credit of one amount to one account more
+  than once, whatever keys it came under, and exactly as often as the ledger says (intents.py).
 - no_request_without_ledger_record: every credit request billing received carries a key the ledger
   reserved.
 - one_ledger_record_per_write_call: every write call a run reached has exactly one ledger record (a
   completed run reached all of them); no record exists for anything else.
 - at_most_one_effect_per_key: billing applied no key twice.
-- completed_calls_took_effect_once: a `completed` record has exactly one effect in billing.
+- completed_calls_took_effect_once: a `completed` record has exactly one effect in billing (a reused
+  one, handed an earlier call's result, has none).
 - failed_calls_took_no_effect: a `failed` record has none.
 - no_effect_without_ledger_record: billing applied nothing the ledger does not know about.
 - runs_agree_with_ledger: what a finished run reports for each call is the ledger's status.
@@ -34,8 +37,10 @@ from temporalio.service import RPCError
 
 from examples.billing.client import BillingClient
 from ledger import FailureKind, Ledger, Status
+from onceflow.drill.intents import INVARIANT as INTENT_INVARIANT
+from onceflow.drill.intents import AppliedCredit, IntentCheck, judge_intents
 from onceflow.drill.points import KillPoint, still_armed
-from onceflow.drill.scenario import TENANT, WRITE_CALLS, PlannedRun
+from onceflow.drill.scenario import REISSUE_CALL, TENANT, WRITE_CALLS, PlannedRun
 from onceflow.drill.sends import EVENTS, Reruns, judge_sends, reruns_by_key
 from onceflow.payloads import AgentRunResult
 from workflows.reconcile import reconcile_workflow_id
@@ -46,13 +51,16 @@ if TYPE_CHECKING:
 
 # Read-only: what the ledger holds for the drill's tenant (the ledger API reads one key at a time).
 _ROWS = """
-SELECT key, run_id, tool_call_id, status, failure_kind, settled_by, attempt
+SELECT key, run_id, tool_call_id, tool_name, status, failure_kind, settled_by, attempt, reused_from,
+       payload->'arguments'->>'account_id' AS account_id,
+       (payload->'arguments'->>'amount_cents')::bigint AS amount_cents
 FROM tool_executions WHERE tenant = $1
 """
 
 
 CHECKED_BY_RECORDS = (
     "no_key_sent_more_than_once",
+    INTENT_INVARIANT,
     "no_request_without_ledger_record",
     "one_ledger_record_per_write_call",
     "at_most_one_effect_per_key",
@@ -80,6 +88,7 @@ class Downstream:
     effects: Mapping[str, int]
     received: Mapping[str, int]
     reruns: Mapping[str, Reruns] = field(default_factory=dict)
+    credits: Sequence[AppliedCredit] = ()  # every credit billing applied: key, account, amount
 
 
 @dataclass
@@ -93,6 +102,7 @@ class CallCheck:
     received: int = 0  # credit requests billing received with this key
     legit_resends: int = 0  # of those, re-sends after a "not attempted" failure
     extra_sends: int = 0  # of those, re-sends nothing allows
+    reused_from: str | None = None  # handed this earlier call's result by the intent guard; not sent
 
 
 @dataclass
@@ -103,6 +113,7 @@ class RunCheck:
     detail: str
     calls: list[CallCheck]
     problems: list[str] = field(default_factory=list)
+    intents: list[IntentCheck] = field(default_factory=list)
 
 
 @dataclass
@@ -145,8 +156,8 @@ class DrillReport:
         lines = ["run                 planned        outcome     calls (ledger status/received/effects)"]
         for run in self.runs:
             calls = "  ".join(
-                f"{c.key.rsplit(':', 1)[1]} {c.status or '-'}/{c.received}/{c.effects}"
-                + ("" if c.records <= 1 else f" x{c.records}")
+                f"{c.key.rsplit(':', 1)[1]} {'reused' if c.reused_from else c.status or '-'}"
+                f"/{c.received}/{c.effects}" + ("" if c.records <= 1 else f" x{c.records}")
                 for c in run.calls
             )
             mark = "" if not run.problems else "  <-- " + "; ".join(run.problems)
@@ -160,6 +171,11 @@ class DrillReport:
         lines.append(f"receiver: {'dedups by key' if self.receiver.get('dedup') else 'honours no key'}")
         if self.command.get("sabotage"):
             lines.append("SABOTAGED: the workers send a write again after its timeout (a test of the drill)")
+        if self.command.get("sabotage_intent"):
+            lines.append(
+                f"SABOTAGED: the credit tool declares intent {self.command['sabotage_intent']}, not reuse"
+                " (a test of the drill)"
+            )
         for name, value in self.totals.items():
             lines.append(f"{name}: {value}")
         for item in self.unresolved:
@@ -208,6 +224,7 @@ def check_run(
             received=sends.received,
             legit_resends=sends.legit_resends,
             extra_sends=sends.extra,
+            reused_from=row.get("reused_from") if row else None,
         )
         check.calls.append(found)
         if found.extra_sends:
@@ -232,7 +249,8 @@ def check_run(
             flag("one_ledger_record_per_write_call", f"{key}: the run completed, the ledger has no record")
         if found.effects > 1:
             flag("at_most_one_effect_per_key", f"{key}: applied {found.effects} times")
-        if status == Status.COMPLETED and found.effects != 1:
+        wanted = 0 if found.reused_from else 1  # a reused call was never sent
+        if status == Status.COMPLETED and found.effects != wanted:
             flag("completed_calls_took_effect_once", f"{key}: completed, {found.effects} effects in billing")
         if status == Status.FAILED and found.effects != 0:
             flag("failed_calls_took_no_effect", f"{key}: failed, yet applied {found.effects} times")
@@ -246,6 +264,8 @@ def check_run(
         )
     if outcome not in ("completed", "waiting"):
         flag("no_run_lost", f"{plan.run_id}: {outcome} {check.detail}".strip())
+    check.intents, problems = judge_intents(plan, outcome, rows, downstream.credits, downstream.received)
+    check.problems += problems
     return check
 
 
@@ -282,7 +302,10 @@ async def collect_report(
         await conn.close()
     effects = (await billing.effects()).effects
     received = await billing.received_counts("POST", "/credits")
-    downstream = Downstream(effects, received.counts, reruns_by_key(dict(e) for e in events))
+    credits = [
+        AppliedCredit(c.idempotency_key, c.account_id, c.amount_cents) for c in await billing.credits()
+    ]
+    downstream = Downstream(effects, received.counts, reruns_by_key(dict(e) for e in events), credits)
     rows_by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         rows_by_run[row["run_id"]].append(dict(row))
@@ -318,6 +341,7 @@ async def collect_report(
             per_point[hit.point.value][column] += 1
     never_reached = [f"{run_id} {point.value}" for run_id, point in still_armed(killer.markers)]
     all_calls = [c for run in runs for c in run.calls]
+    all_intents = [i for run in runs for i in run.intents]
 
     invariants: dict[str, bool | None] = {
         name: not any(p.startswith(name + ":") for p in problems) for name in CHECKED_BY_RECORDS
@@ -338,6 +362,8 @@ async def collect_report(
         # The headline, counted at the receiver: goal 0.
         "keys_sent_more_than_once": sum(1 for c in all_calls if c.extra_sends)
         + sum(1 for key in unknown_sends if received.count(key) > 1),
+        # The model's twin of it, counted from billing's credits per run, account and amount: goal 0.
+        "intents_applied_more_than_once": sum(1 for i in all_intents if i.applied > 1),
         "legit_resends_after_not_attempted": sum(c.legit_resends for c in all_calls),
         "ledger_records_per_call": round(len(rows) / len(reached), 3) if reached else None,
         "credit_requests_received": received.total,
@@ -346,6 +372,9 @@ async def collect_report(
         "write_calls_reached": len(reached),
         "write_calls_recorded": len(rows),
         "calls_completed": sum(1 for c in all_calls if c.status == Status.COMPLETED),
+        "calls_reused": sum(1 for c in all_calls if c.reused_from),
+        # Re-issues sent because the original failed without effect (the ledger let them through).
+        "reissues_sent": sum(1 for c in all_calls if c.key.endswith(":" + REISSUE_CALL) and c.received),
         "calls_failed": sum(1 for c in all_calls if c.status == Status.FAILED),
         "calls_failed_not_attempted": sum(
             1 for row in rows if row["failure_kind"] == FailureKind.NOT_ATTEMPTED
@@ -368,6 +397,7 @@ async def collect_report(
         "planned_kills": config.planned_kills,
         "kill_interval": list(config.kill_interval),
         "sabotage": config.sabotage,
+        "sabotage_intent": config.sabotage_intent,
     }
     return DrillReport(
         command=command,

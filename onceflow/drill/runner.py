@@ -26,6 +26,7 @@ from onceflow.drill.kills import Killer
 from onceflow.drill.points import arm, still_armed
 from onceflow.drill.processes import NAMESPACE, TASK_QUEUE, DrillProcesses
 from onceflow.drill.report import DrillReport, RunEnd, collect_report
+from onceflow.drill.reserve import ReserveTrap
 from onceflow.drill.scenario import AGENT, AGENTS_YAML, HANG_SECONDS, TENANT, PlannedRun, plan_runs
 from onceflow.payloads import AgentRunInput, AgentRunResult, Phase
 from workflows.agent_run import AgentRunWorkflow
@@ -48,6 +49,8 @@ class DrillConfig:
     timeout: float = 1800.0  # give up on runs still going this long after the drill started
     # Tests of the drill only: workers that send a write again after its timeout (sabotage.py).
     sabotage: bool = False
+    # Tests of the drill only: the credit tool declared with this intent (allow or hold), not reuse.
+    sabotage_intent: str | None = None
 
     def run_dir(self) -> Path:
         return self.data_dir.resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{self.seed}-runs{self.runs}"
@@ -76,7 +79,12 @@ class Drill:
         markers = self.run_dir / "markers"
         markers.mkdir()
         processes = DrillProcesses(
-            self.run_dir, agents, markers, self.config.workers, sabotage=self.config.sabotage
+            self.run_dir,
+            agents,
+            markers,
+            self.config.workers,
+            sabotage=self.config.sabotage,
+            sabotage_intent=self.config.sabotage_intent,
         )
         started = time.monotonic()
         try:
@@ -124,7 +132,11 @@ class Drill:
     ) -> None:
         stop_watch, stop_chaos = asyncio.Event(), asyncio.Event()
         rng = random.Random(self.config.seed + 1)
-        background = [asyncio.create_task(killer.watch(stop_watch))]
+        trap = ReserveTrap(killer, killer.processes.database_url, {p.run_id: p for p in plans})
+        background = [
+            asyncio.create_task(killer.watch(stop_watch)),
+            asyncio.create_task(trap.watch(stop_watch)),
+        ]
         if self.config.random_kills:
             background.append(asyncio.create_task(killer.chaos(stop_chaos, rng, self.config.kill_interval)))
         deadline = started + self.config.timeout

@@ -11,8 +11,10 @@ from onceflow.drill.points import KillPoint
 AGENT = "drill-credits"
 TENANT = "drill"
 
-# One lookup, two credits in one turn, then a second lookup and a third credit: four model turns,
-# three writes with distinct arguments, two reads.
+# One lookup, two credits in one turn, then a second lookup and a third credit; then the model asks
+# for the first credit again, same arguments, new tool call id, as a model does after a lost answer
+# or a reset. Five model turns, two reads, four writes: three distinct credits and the re-issue. The
+# credit tool declares intent `reuse` (tools.py): the re-issue must not pay the order twice.
 AGENTS_YAML = f"""\
 toolsets:
   drill-billing: onceflow.drill.tools:toolset
@@ -37,8 +39,13 @@ agents:
               arguments: {{order_id: "{{{{ input.order_id }}}}"}}
             - name: issue_credit
               arguments: {{account_id: "{{{{ results.lookup_order.account_id }}}}", amount_cents: 250}}
+        - tool_calls:
+            - name: issue_credit
+              arguments:
+                account_id: "{{{{ results.lookup_order.account_id }}}}"
+                amount_cents: "{{{{ results.lookup_order.amount_cents }}}}"
         - final: "last credit: {{{{ results.issue_credit }}}}"
-    instructions: Credit the order's account three times, once per call.
+    instructions: Credit the order's account three times, once per call; then make sure of the first.
     toolsets: [drill-billing]
     tool_policy:
       on_indeterminate: pause
@@ -46,11 +53,17 @@ agents:
       reconcile_initial_interval: 0.5s
       reconcile_max_interval: 2s
 """
-MODEL_TURNS = 4
-WRITE_CALLS = ("call_1_0", "call_1_1", "call_2_1")
+MODEL_TURNS = 5
+ORIGINAL_CALL = "call_1_0"  # the order-amount credit
+REISSUE_CALL = "call_3_0"  # the same credit, asked again in a later turn
+WRITE_CALLS = (ORIGINAL_CALL, "call_1_1", "call_2_1", REISSUE_CALL)
+# The calls that are always sent unless something fails; the re-issue is sent only when the
+# original failed without effect (otherwise the ledger hands it the original's result).
+SENT_CALLS = WRITE_CALLS[:3]
 
-# Every sixth run meets no planned point, only whatever random kills strike; billing refuses its
-# first credit at the door (423 locked), so the ledger records a definite "not attempted" failure.
+# Every seventh run meets no planned point, only whatever random kills strike; billing refuses its
+# first credit at the door (423 locked), so the ledger records a definite "not attempted" failure
+# (and the re-issue, which the ledger then lets through, is the one credit that pays).
 CYCLE: tuple[KillPoint | None, ...] = (*KillPoint, None)
 
 # Billing faults that keep the request inside the service (seconds): far beyond the tool's timeout,
@@ -76,9 +89,17 @@ class PlannedRun:
     def keys(self) -> list[str]:
         return [f"{self.run_id}:{call}" for call in WRITE_CALLS]
 
+    def key(self, tool_call_id: str) -> str:
+        return f"{self.run_id}:{tool_call_id}"
+
 
 def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
-    """Runs in start order; run i meets CYCLE[i % 6], with details drawn from the seed."""
+    """Runs in start order; run i meets CYCLE[i % 7], with details drawn from the seed.
+
+    The first credit's answer is lost on purpose in a good share of them: `downstream` and `reconcile`
+    (billing holds it), `after_answer` on it in half of those runs, and `reserve` (billing applies it
+    and hangs, then the worker reserving the re-issue is killed).
+    """
     rng = random.Random(seed)
     planned = []
     for index in range(runs):
@@ -87,13 +108,21 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
         )
         if run.point is KillPoint.MODEL:
             run.condition = {"turn": rng.randrange(MODEL_TURNS)}
-        elif run.point in (KillPoint.BEFORE_SEND, KillPoint.AFTER_ANSWER):
-            run.condition = {"tool_call_id": rng.choice(WRITE_CALLS)}
+        elif run.point is KillPoint.BEFORE_SEND:
+            run.condition = {"tool_call_id": rng.choice(SENT_CALLS)}
+        elif run.point is KillPoint.AFTER_ANSWER:
+            # Half of them on the first credit: applied, the answer lost, then the re-issue.
+            run.condition = {"tool_call_id": rng.choice((ORIGINAL_CALL, *SENT_CALLS))}
         elif run.point is KillPoint.DOWNSTREAM:
             # The account fault strikes the run's first credit; the tool announces that same call.
             run.fault = rng.choice(("apply_then_hang", "slow"))
         elif run.point is KillPoint.RECONCILE:
             # The first credit applies and hangs past the tool's timeout: indeterminate, reconciled.
+            run.fault = "apply_then_hang"
+        elif run.point is KillPoint.RESERVE:
+            # The first credit's answer is lost (applied, then billing hangs; the hook finds it), and
+            # the worker reserving the re-issue is killed inside the reservation's transaction.
+            run.condition = {"tool_call_id": REISSUE_CALL}
             run.fault = "apply_then_hang"
         else:
             run.fault = "locked"

@@ -6,12 +6,14 @@ runner armed a point for the run (points.py); unarmed, the tools behave like the
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
 from examples.billing.client import BillingClient
 from examples.billing.tools import send_credit
 from onceflow import (
+    Guards,
     ReconcileOutcome,
     ToolContext,
     Toolset,
@@ -28,7 +30,21 @@ from onceflow.payloads import ModelCallInput, ModelTurn
 CREDIT_TIMEOUT = timedelta(seconds=3)
 LOOKUP_TIMEOUT = timedelta(seconds=5)
 
+# Tests of the drill only (`onceflow drill --sabotage-intent allow|hold` sets it for the workers):
+# declare the credit as if two equal credits were two intents, so a re-issued credit pays again.
+SABOTAGE_INTENT_ENV = "ONCEFLOW_DRILL_SABOTAGE_INTENT"
+
 toolset = Toolset("drill-billing")
+
+
+def credit_guards() -> Guards:
+    """A credit for an order's amount, asked twice, is one intent: the second gets the first's result."""
+    sabotage = os.environ.get(SABOTAGE_INTENT_ENV)
+    if not sabotage:
+        return Guards(intent="reuse")
+    if sabotage not in ("allow", "hold"):
+        raise ValueError(f"{SABOTAGE_INTENT_ENV} must be allow or hold, not {sabotage!r}")
+    return Guards(intent="allow" if sabotage == "allow" else "hold")
 
 
 def _billing(timeout: float) -> BillingClient:
@@ -54,7 +70,7 @@ async def find_credit(account_id: str, amount_cents: int, context: ToolContext) 
     return ReconcileOutcome.completed(credit, result_reference=credit["credit_id"], source="billing by key")
 
 
-@toolset.tool(external(timeout=CREDIT_TIMEOUT), reconcile=find_credit)
+@toolset.tool(external(timeout=CREDIT_TIMEOUT), reconcile=find_credit, guards=credit_guards())
 async def issue_credit(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
     """Credit an account, in cents, once, with the call's idempotency key."""
     key = context.idempotency_key

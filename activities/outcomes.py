@@ -27,6 +27,7 @@ def outcome_from_record(record: ToolExecutionRecord, *, replayed: bool = False) 
         failure_kind=record.failure_kind,
         replayed=replayed,
         reused_from=record.reused_from.rpartition(":")[2] if record.reused_from else None,
+        held_by=record.held_by,
     )
 
 

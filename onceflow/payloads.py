@@ -211,6 +211,7 @@ class ToolOutcome(_Frozen):
     settlement_reason: str | None = None
     # The tool call id of the same call whose recorded result this one was given (intent `reuse`).
     reused_from: str | None = None
+    held_by: str | None = None  # held: the key of the call it waits for
 
     def for_model(self) -> dict[str, Any]:
         """The truth, as the model is told it."""

@@ -63,6 +63,7 @@ def fresh_id_agent(name: str, tool: str) -> Agent:
 async def harness(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIterator[Harness]:
     DOWNSTREAM.reset()
     agents = [fresh_id_agent(f"fresh-{intent}", tool) for intent, tool in CREDIT_TOOLS.items()]
+    agents.append(fresh_id_agent("fresh-reuse-reconciled", "issue_credit_reusing_reconciled"))
     agents += [refund_agent("refund", "refund_order"), refund_agent("refund-strict", "refund_order_strict")]
     async with running_worker(temporal_env.client, ledger, AgentRegistry({a.name: a for a in agents})) as h:
         yield h
@@ -188,6 +189,32 @@ async def test_the_same_call_is_held_while_the_first_is_unknown_then_goes_as_dec
         assert kinds == ["held", "reserved", "completed"]
     assert await attribute(again, HELD_KEYS) is None
     assert result.final
+
+
+async def test_a_reset_while_the_first_credit_is_in_flight_reconciles_it_and_reuses_its_result(
+    harness: Harness,
+) -> None:
+    """The reset ends the run whose activity was sending the credit, so nobody would look after
+    that call. The new run, held behind it, adopts it: unknown, reconciled, and its result reused."""
+    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+    handle = await harness.start("fresh-reuse-reconciled", ORDER)
+    await eventually(lambda: _received(1), "the first credit to reach the downstream")
+    first_run = (await handle.describe()).run_id
+    assert first_run is not None
+    again = await reset_before_the_credit(harness.client, handle, first_run)
+    result = await asyncio.wait_for(again.result(), 30)
+
+    first_key, second_key = await write_keys(harness.ledger, handle.id)
+    first = await harness.ledger.get(first_key)
+    assert first.status is Status.COMPLETED and first.settled_by == "reconciler"
+    second = await harness.ledger.get(second_key)
+    assert second.reused_from == first_key and [e.kind for e in second.events] == ["held", "reused"]
+    assert DOWNSTREAM.received == DOWNSTREAM.effects == {first_key: 1}
+    assert "cr_1" in result.final
+
+
+async def _received(count: int) -> bool:
+    return sum(DOWNSTREAM.received.values()) >= count
 
 
 async def _woken(client: Client, handle: WorkflowHandle[Any, Any]) -> list[str]:

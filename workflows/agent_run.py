@@ -117,6 +117,7 @@ class AgentRunWorkflow:
         self._attributes_follow_ledger = False
         self._conflicts: set[str] = set()
         self._held: set[str] = set()
+        self._adopted: set[str] = set()
         self._usage: list[TokenUsage] = []
 
     @workflow.run
@@ -474,6 +475,8 @@ class AgentRunWorkflow:
         self._publish_held()
         wait = HOLD_RECHECK_INITIAL.total_seconds()
         while outcome.status is Status.HELD:
+            if outcome.held_by and outcome.held_by.startswith(f"{tool_input.run_id}:"):
+                await self._adopt(spec, tool, outcome.held_by)
             self._pending[ref.key] = _summary(outcome)
             self._calls[ref.tool_call_id] = _summary(outcome)
             self._publish_unresolved()
@@ -487,6 +490,19 @@ class AgentRunWorkflow:
         self._publish_held()
         self._leave_pending(ref.key)
         return outcome
+
+    async def _adopt(self, spec: AgentSpec, tool: ToolSpec, key: str) -> None:
+        """A call of this run that this run does not know holds a call of it: one made before a
+        Temporal reset, whose activity went with the old run. Nobody else looks after it, so this run
+        does, once: if its owner is gone it becomes unknown, and an unknown call gets its reconciler.
+        (The same intent means the same tool; nothing else of this run can hold it.)"""
+        if key in self._adopted or key in self._calls_by_key():
+            return
+        self._adopted.add(key)
+        ref = CallRef(key=key, tool=tool.name, tool_call_id=key.rpartition(":")[2])
+        found = await self._inspect(ref)
+        if found is not None and found.status is Status.INDETERMINATE:
+            await self._start_reconcile(spec, tool, ref)
 
     async def _wait_for_nudge(self, key: str, timeout_seconds: float) -> bool:
         try:

@@ -175,3 +175,11 @@ async def refund_order(order_id: str, amount_cents: int, context: ToolContext) -
 async def refund_order_strict(order_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
     """Refund an order; refused while another refund of it is unresolved."""
     return await DOWNSTREAM.credit(f"acct_{order_id}", amount_cents, context.idempotency_key)
+
+
+@toolset.tool(external(timeout=timedelta(seconds=1)), reconcile=find_credit, guards=Guards(intent="reuse"))
+async def issue_credit_reusing_reconciled(
+    account_id: str, amount_cents: int, context: ToolContext
+) -> dict[str, Any]:
+    """Credit an account; one intent per run, and a reconcile hook for a lost answer."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)

@@ -29,6 +29,7 @@ from tests.support.mcp_servers import (
     CREDIT_SCRIPT,
     STATEMENT_SCRIPT,
     agent,
+    applied,
     kill_server,
     received,
     stdio_server,
@@ -280,7 +281,9 @@ async def test_server_killed_after_applying_is_settled_by_the_lookup_through_a_n
         opened = connection.sessions_opened
         handle = await harness.start("credit", _order("ord_hang"))
         key = f"{handle.id}:call_1_0"
-        await wait_until(lambda: received(server_dir, "billing", key) == 1, what="the credit to arrive")
+        # Killed once the credit is committed, not merely received: the server logs a request before
+        # it applies it, and a kill in between leaves nothing for the lookup to find, ever.
+        await wait_until(lambda: applied(server_dir, "billing", key), what="the credit to be applied")
         kill_server(server_dir, "billing")
         # The lookup's own deadline (2 s) is shorter than the server takes to start again; the start
         # carries on in the background and a later round finds the session ready.

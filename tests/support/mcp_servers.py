@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -86,6 +87,19 @@ def agent(
 def received(directory: Path, name: str, key: str, tool: str | None = None) -> int:
     """Requests carrying `key` that the server `name` (in `directory`) received."""
     return requests_received(str(directory / f"{name}.db"), key, tool)
+
+
+def applied(directory: Path, name: str, key: str) -> bool:
+    """Whether the server `name` (in `directory`) has committed a credit under `key`.
+
+    Not the same moment as `received`: the server logs a request before it applies it, so a test
+    that kills the server "after applying" must wait for this, not for the request to arrive."""
+    conn = sqlite3.connect(f"file:{directory / f'{name}.db'}?mode=ro", uri=True, timeout=10)
+    try:
+        row = conn.execute("SELECT 1 FROM credits WHERE idempotency_key = ?", (key,)).fetchone()
+        return row is not None
+    finally:
+        conn.close()
 
 
 def kill_server(directory: Path, name: str) -> int:

@@ -28,19 +28,19 @@ async def wake_held(ledger: Ledger, record: ToolExecutionRecord, client: Client 
     """
     if not record.status.is_settled:
         return 0
-    held = await ledger.held_runs_behind(record.key)
+    held = await ledger.held_behind(record.key, tenant=record.tenant, limit=None)
     if not held:
         return 0
     client = client or activity.client()
     told = 0
-    for key, run_id in held:
+    for key in held:
+        run_id = key.rpartition(":")[0]  # the key is `<run_id>:<tool_call_id>`
         try:
             await client.get_workflow_handle(run_id).signal(
                 "resolve", ResolveSignal(key=key, actor=WAKE_ACTOR)
             )
             told += 1
         except RPCError as exc:
-            activity.logger.info(
-                "held call %s was not woken (%s); its run asks on its own timer", key, exc.message
-            )
+            # Also called outside an activity (the operator API): a plain logger, not the activity's.
+            log.info("held call %s was not woken (%s); its run asks on its own timer", key, exc.message)
     return told

@@ -43,6 +43,7 @@ from onceflow.tools import (
     ToolNotAttemptedError,
     ToolRefusedError,
     ToolRejectedError,
+    as_amount,
     to_jsonable,
 )
 
@@ -251,12 +252,8 @@ class ToolActivities:
             )
         except Exception as exc:  # any failure: nothing is reserved, and the model is told
             raise BudgetLimitUnavailableError(tool.name, reader.name, f"{type(exc).__name__}: {exc}") from exc
-        found = value.get("limit") if isinstance(value, dict) else value
-        try:
-            limit = Decimal(str(found))
-        except ArithmeticError:
-            limit = Decimal("NaN")
-        if isinstance(found, bool) or not limit.is_finite() or limit < 0:
+        limit = as_amount(value.get("limit") if isinstance(value, dict) else value)
+        if limit is None:
             raise BudgetLimitUnavailableError(tool.name, reader.name, f"returned {value!r}, not a limit")
         return limit
 

@@ -31,12 +31,6 @@ _STANDING = {
 
 
 class GuardedReservations(LedgerBase):
-    async def held_runs_behind(self, key: str) -> list[tuple[str, str]]:
-        """(key, run id) of the calls a guard holds behind `key`, in any tenant: to wake their runs."""
-        async with self.connection("held_runs_behind", key=key) as conn:
-            rows = await conn.fetch(queries.HELD_RUNS_BEHIND, key)
-        return [(row["key"], row["run_id"]) for row in rows]
-
     async def reserve_guarded(
         self,
         *,

@@ -24,8 +24,8 @@ class LineageReads(LedgerBase):
             return []
         return [to_record(row) for row in rows]
 
-    async def held_behind(self, key: str, *, tenant: str, limit: int = MAX_HELD_SHOWN) -> list[str]:
-        """The keys of the calls held until `key` settles, oldest first (at most `limit`)."""
+    async def held_behind(self, key: str, *, tenant: str, limit: int | None = MAX_HELD_SHOWN) -> list[str]:
+        """The keys of the calls held until `key` settles, oldest first (at most `limit`; None: all)."""
         async with self.connection("held_behind", key=key) as conn:
             rows = await conn.fetch(queries.HELD_BEHIND, tenant, key, limit)
         return [row["key"] for row in rows]

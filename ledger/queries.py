@@ -174,11 +174,6 @@ SELECT coalesce(sum(amount) FILTER (WHERE status = 'completed'), 0) AS completed
         OR (status = 'failed' AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL))
 """
 
-# Calls held behind $1: when it is settled, their runs are told to ask again.
-HELD_RUNS_BEHIND = """
-SELECT key, run_id FROM tool_executions WHERE held_by = $1 AND status = 'held' ORDER BY created_at
-"""
-
 # A guarded reservation writes the call as the guards decided: started or awaiting approval
 # (proceed), held, completed with another call's result (reuse), or failed (refused). The caller
 # holds the row's lock when it exists; $27 is what the attempt grows by (1 after a failure).

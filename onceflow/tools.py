@@ -119,8 +119,8 @@ class Guards:
             found.append("a budget needs exactly one of guards.limit and guards.limit_from")
         if self.amount is None and (self.limit is not None or self.limit_from is not None):
             found.append("guards.limit and guards.limit_from need guards.amount")
-        if self.limit is not None and Decimal(str(self.limit)) < 0:
-            found.append("guards.limit cannot be negative")
+        if self.limit is not None and as_amount(self.limit) is None:
+            found.append("guards.limit cannot be negative, and must be a number")
         if self.replaceable and REPLACES_ARGUMENT in arguments:
             found.append(
                 f"guards.replaceable adds a {REPLACES_ARGUMENT!r} argument; the tool has one already"
@@ -280,12 +280,11 @@ class Tool:
             entity = str(value)
         amount = None
         if declared.amount is not None:
-            try:
-                amount = Decimal(str(arguments[declared.amount]))
-            except ArithmeticError:
-                raise InvalidToolArgumentsError(self.name, [f"{declared.amount}: not a number"]) from None
-            if not amount.is_finite() or amount < 0:
-                raise InvalidToolArgumentsError(self.name, [f"{declared.amount}: must not be negative"])
+            amount = as_amount(arguments[declared.amount])
+            if amount is None:
+                raise InvalidToolArgumentsError(
+                    self.name, [f"{declared.amount}: must be a number, and not negative"]
+                )
             if limit is None:
                 limit = Decimal(str(declared.limit)) if declared.limit is not None else None
         return Guard(
@@ -334,6 +333,17 @@ class Tool:
                 "expected ReconcileOutcome"
             )
         return outcome
+
+
+def as_amount(value: Any) -> Decimal | None:
+    """`value` as a finite, non-negative Decimal (a budget's amount or limit), or None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    try:
+        amount = Decimal(str(value))
+    except ArithmeticError:
+        return None
+    return amount if amount.is_finite() and amount >= 0 else None
 
 
 def to_jsonable(value: Any) -> Any:

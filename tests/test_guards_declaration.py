@@ -92,17 +92,13 @@ def test_guard_declarations_that_cannot_work_are_contract_problems() -> None:
     assert "guards are for tools that change the world" in " ".join(tool_contract_problems(look))
 
 
-@tools.tool(
-    external(), guards=Guards(entity="order_id", amount="amount", currency="currency", limit=100)
-)
+@tools.tool(external(), guards=Guards(entity="order_id", amount="amount", currency="currency", limit=100))
 async def refund_fx(order_id: str, amount: int, currency: str, context: ToolContext) -> dict[str, str]:
     return {}
 
 
 def test_a_call_hands_the_ledger_its_toolset_currency_and_what_the_model_had_heard() -> None:
-    guard = refund_fx.ledger_guard(
-        {"order_id": "ord_1", "amount": 5, "currency": "eur"}, heard=["call_0_0"]
-    )
+    guard = refund_fx.ledger_guard({"order_id": "ord_1", "amount": 5, "currency": "eur"}, heard=["call_0_0"])
     assert (guard.toolset, guard.currency) == ("guarded", "EUR")
     assert guard.heard == frozenset({"call_0_0"})
     # `reuse` makes every twin the same intent: what the model heard does not matter to it.

@@ -261,7 +261,11 @@ class AgentRunWorkflow(WriteCalls):
     ) -> ToolOutcome:
         tool = spec.tools.get(call.name)
         tool_input = ToolCallInput(
-            run_id=workflow.info().workflow_id, tenant=run_input.tenant, agent=spec.name, call=call, heard=heard
+            run_id=workflow.info().workflow_id,
+            tenant=run_input.tenant,
+            agent=spec.name,
+            call=call,
+            heard=heard,
         )
         if tool is None:
             outcome = ToolOutcome(

@@ -23,12 +23,21 @@ from onceflow.agents import Agent, AgentRegistry
 from onceflow.constants import HELD_KEYS, UNRESOLVED_KEYS
 from onceflow.models import ScriptedModel
 from onceflow.models.config import ScriptedConfig
-from onceflow.payloads import AgentRunResult, ModelCallInput, ModelTurn, Phase, ResolveSignal, ToolOutcome
-from tests.support.agents import credit_agent, refund_agent
+from onceflow.payloads import (
+    AgentRunResult,
+    ModelCallInput,
+    ModelTurn,
+    Phase,
+    ResolveSignal,
+    ToolCallInput,
+    ToolOutcome,
+)
+from tests.support.agents import credit_agent, refund_agent, twins_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.operator_api import serving_api
 from tests.support.waiting import eventually
+from tests.test_replay import replayer
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
 
@@ -127,6 +136,9 @@ async def test_a_reset_that_makes_the_model_reissue_a_completed_call(
         assert "nothing was sent again" in told["note"]
         if intent == "hold":  # the model is told it may ask again, now that it knows
             assert "make the call again" in told["settlement_reason"]
+            history = await again.fetch_history()
+            replayed = await replayer().replay_workflow(history, raise_on_replay_failure=False)
+            assert replayed.replay_failure is None
         assert "cr_1" in second.final
     else:
         assert DOWNSTREAM.received == {first_key: 1, second_key: 1}
@@ -214,29 +226,11 @@ async def test_a_held_reissue_is_sent_once_its_twin_is_known_not_applied(harness
     assert DOWNSTREAM.received[second_key] == 1
 
 
-def twins_agent() -> Agent:
-    """Two identical credits in one answer (neither has heard of the other), then one more after
-    hearing both: the second of the pair is a repeat in ignorance, the third is owed."""
-    credit = {
-        "name": "issue_credit_unreconciled",  # the default guards
-        "arguments": {
-            "account_id": "{{ results.lookup_order.account_id }}",
-            "amount_cents": "{{ results.lookup_order.amount_cents }}",
-        },
-    }
-    scripted = credit_agent("twins", "issue_credit_unreconciled")
-    assert isinstance(scripted.config.model, ScriptedConfig)
-    script = scripted.config.model.model_dump()["script"]
-    script[1:2] = [{"tool_calls": [credit, credit]}, {"tool_calls": [credit]}]
-    model = ScriptedConfig.model_validate({"provider": "scripted", "script": script})
-    return Agent("twins", scripted.config.model_copy(update={"model": model}), scripted.tools)
-
-
 async def test_two_twins_in_one_answer_pay_once_and_a_repeat_after_hearing_both_pays_again(
     temporal_env: WorkflowEnvironment, ledger: Ledger
 ) -> None:
     DOWNSTREAM.reset()
-    agent = twins_agent()
+    agent = twins_agent("twins", "issue_credit_unreconciled")  # the default guards
     async with running_worker(temporal_env.client, ledger, AgentRegistry({agent.name: agent})) as harness:
         handle = await harness.start("twins", ORDER)
         result = await asyncio.wait_for(handle.result(), 30)
@@ -248,6 +242,20 @@ async def test_two_twins_in_one_answer_pay_once_and_a_repeat_after_hearing_both_
     assert sent.reused_from is None and sent.status is Status.COMPLETED
     assert set(sent.events[0].detail["heard_twins"]) == {first, twin}
     assert [c.status for c in result.calls] == ["ok", "completed", "completed", "completed"]
+
+    # The run's own history replays: what each call was told it had heard is rebuilt the same way.
+    history = await handle.fetch_history()
+    heard = [
+        ToolCallInput.model_validate_json(
+            e.activity_task_scheduled_event_attributes.input.payloads[0].data
+        ).heard
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_write_tool"
+    ]
+    assert heard == [[], [], [first.rpartition(":")[2], twin.rpartition(":")[2]]]
+    replayed = await replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None
 
 
 async def test_a_reset_while_the_first_credit_is_in_flight_reconciles_it_and_reuses_its_result(

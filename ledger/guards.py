@@ -219,8 +219,9 @@ async def _intent(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Ve
                 "(compensated); it is not made again without you having heard that",
                 detail={"same_as": other.key},
             )
-    heard = [twin.key for twin in twins if twin not in same]
-    if heard:
+    same_keys = {twin.key for twin in same}
+    heard = [twin.key for twin in twins if twin.key not in same_keys]
+    if heard:  # sent as a new effect because of them: the reservation's event names them
         return Verdict("proceed", detail={"heard_twins": heard})
     return None
 

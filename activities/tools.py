@@ -37,6 +37,7 @@ from onceflow.constants import (
 from onceflow.keys import call_key
 from onceflow.payloads import OwnerOutcome, ToolCall, ToolCallInput, ToolOutcome
 from onceflow.tools import (
+    Guards,
     InvalidToolArgumentsError,
     Tool,
     ToolContext,
@@ -131,6 +132,15 @@ class BudgetLimitUnavailableError(Exception):
         )
 
 
+def _limit_arguments(declared: Guards, arguments: dict[str, Any]) -> dict[str, Any]:
+    """What a `limit_from` read tool is asked with: the entity, and the currency when declared."""
+    assert declared.entity is not None
+    asked = {declared.entity: arguments[declared.entity]}
+    if declared.currency is not None:
+        asked[declared.currency] = arguments.get(declared.currency)
+    return asked
+
+
 def _refused(call: ToolCall, error: Exception, kind: FailureKind | None = None) -> ToolOutcome:
     """A call that never reached the ledger or the world: the model is told why (and, for a
     refusal on policy grounds, that it is final)."""
@@ -184,6 +194,7 @@ class ToolActivities:
                 arguments,
                 replaces_key=call_key(tool_input.run_id, replaces) if replaces else None,
                 limit=await self._budget_limit(tool_input, tool, arguments),
+                heard=tool_input.heard,
             )
         except (InvalidToolArgumentsError, BudgetLimitUnavailableError) as exc:
             # Nothing reserved, nothing sent: the model is told and may try again.
@@ -247,7 +258,7 @@ class ToolActivities:
         context = _context(tool_input, 1)
         try:
             value = await asyncio.wait_for(
-                reader.invoke({declared.entity: arguments[declared.entity]}, context),
+                reader.invoke(_limit_arguments(declared, arguments), context),
                 reader.effect.timeout.total_seconds(),
             )
         except Exception as exc:  # any failure: nothing is reserved, and the model is told

@@ -187,6 +187,8 @@ class GuardedReservations(LedgerBase):
             GUARD_ACTOR if settled else None,
             verdict.reason if settled else None,
             1 if existing is not None and existing.status is Status.FAILED else 0,
+            guard.toolset,
+            guard.currency,
         )
         assert row is not None  # an upsert always returns its row
         record = to_record(row)

@@ -3,29 +3,36 @@
 A key stops the runtime from repeating one call. These stop the model, and other runs, from making
 the same effect again under a new key:
 
-- intent: the same tool and canonical payload in one run. While an earlier such call is unresolved,
-  the new one is held. Once the earlier one has completed, the tool's declaration decides: `hold` (the
-  new call is a new effect), `reuse` (it gets the recorded result; nothing is sent), or `allow` (no
-  check at all). A same-intent call the receiver refused on policy grounds is refused again.
+- intent: the same tool and canonical payload in one run (a twin). The default (`hold`) follows one
+  rule: a twin is a new effect only when the model had heard its outcome, that is when the twin's
+  settled result was in the conversation the model was given for the turn that produced this call
+  (`Guard.heard`, from the workflow). Every other twin is the same intent, retried in disguise: the
+  call is held while the twin may still take effect (unresolved, or failed with an open conflict),
+  gets the twin's recorded result once it completed (reused: nothing is sent), is refused when an
+  operator compensated it, and is sent once the twin is known not applied. `reuse` treats every
+  twin as the same intent, heard or not; `allow` checks nothing. A same-intent call the receiver
+  refused on policy grounds is refused again. See docs/guards.md for why.
 - lineage: a call names the call it replaces (same run, same tool). It is refused while that one is
   unresolved, and when another call already replaced it.
-- entity: at most one unresolved call per tenant, tool and entity; a second is held or refused.
-- budget: an entity's completed plus unresolved amounts stay within its limit, or the call is refused.
-  Only a settlement releases an amount; no timer does.
+- entity: at most one unresolved call per tenant, toolset, tool and entity; a second is held or
+  refused.
+- budget: an entity's completed plus unresolved amounts, per toolset, tool and currency, stay within
+  its limit, or the call is refused. Only a settlement releases an amount; no timer does.
 
 Every check runs under transaction-scoped advisory locks on the intent, the entity and the replaced
 call, taken in one order, so two workers cannot both pass one. The entity guard is also a unique
-index (migrations/0006), so no path that skips these checks can break it either.
+index (migrations/0006, 0007), so no path that skips these checks can break it either.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from ledger import queries
 from ledger.errors import LedgerError
@@ -33,6 +40,7 @@ from ledger.records import ToolExecutionRecord, to_record
 from ledger.status import FailureKind, Status
 
 GUARD_ACTOR = "onceflow:guard"
+_CURRENCY = re.compile(r"[A-Z][A-Z0-9]{1,11}")
 
 
 class GuardArgumentError(LedgerError, ValueError):
@@ -52,6 +60,22 @@ class Guard(BaseModel):
     amount: Decimal | None = None  # what the call draws on the entity's budget
     limit: Decimal | None = None
     replaces: str | None = None  # the key of the call this one replaces
+    # The tool call ids of this run whose settled outcome the model had heard (was given in its
+    # conversation) when it asked for this call. Only twins among them may be new effects.
+    heard: frozenset[str] = frozenset()
+    # The toolset the tool belongs to: entity slots and budgets are its own. None: any toolset's.
+    toolset: str | None = None
+    currency: str | None = None  # the amount's currency: a budget of its own
+
+    @field_validator("currency")
+    @classmethod
+    def _currency(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        code = value.strip().upper()
+        if not _CURRENCY.fullmatch(code):
+            raise ValueError(f"a currency is a code of letters and digits (like EUR), not {value!r}")
+        return code
 
     @model_validator(mode="after")
     def _consistent(self) -> Guard:
@@ -59,6 +83,8 @@ class Guard(BaseModel):
             raise ValueError("an entity guard or a budget needs the entity's value")
         if (self.amount is None) != (self.limit is None):
             raise ValueError("a budget needs both an amount and a limit")
+        if self.currency is not None and self.amount is None:
+            raise ValueError("a currency belongs to a budget's amount")
         return self
 
     def locks(self, *, tenant: str, run_id: str, tool_name: str, payload_sha256: str) -> list[str]:
@@ -106,12 +132,17 @@ async def take_locks(conn: asyncpg.Connection, names: list[str]) -> None:
 
 
 async def decide(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Verdict:
-    """Run the checks in order (lineage, intent, entity, budget); the first that objects decides."""
+    """Run the checks in order (lineage, intent, entity, budget); the first that objects decides.
+    A check may also let the call go with a note (`proceed` with detail), which later checks keep."""
+    detail: dict[str, Any] = {}
     for check in (_lineage, _intent, _entity, _budget):
         verdict = await check(conn, call, guard)
-        if verdict is not None:
+        if verdict is None:
+            continue
+        if verdict.action != "proceed":
             return verdict
-    return Verdict("proceed")
+        detail.update(verdict.detail)
+    return Verdict("proceed", detail=detail)
 
 
 async def _lineage(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Verdict | None:
@@ -148,16 +179,21 @@ async def _intent(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Ve
     if guard.intent == "allow":
         return None
     rows = await conn.fetch(queries.SAME_INTENT, call.run_id, call.payload_sha256, call.key)
-    earlier = [to_record(row) for row in rows]
-    for other in earlier:
-        if other.status.is_unresolved and _older(other, call):
+    twins = [to_record(row) for row in rows]  # newest first
+    # The twins this call is the same intent as: every one for `reuse`; by default, those whose
+    # outcome the model had not heard when it asked (a repeat in ignorance is a retry in disguise).
+    same = [twin for twin in twins if guard.intent == "reuse" or not _heard(twin, guard)]
+    for other in same:
+        if _may_take_effect(other) and _older(other, call):
+            state = "failed with an open conflict" if other.status is Status.FAILED else other.status
             return Verdict(
                 "hold",
-                f"the same call ({other.tool_call_id}) is still {other.status}; "
+                f"the same call ({other.tool_call_id}) is still {state}; "
                 "this one waits until that one is settled",
                 other,
+                detail={"same_as": other.key},
             )
-    for other in earlier:
+    for other in twins:  # heard or not: the receiver's refusal on policy grounds stands
         if other.status is Status.FAILED and other.failure_kind is FailureKind.POLICY_REFUSED:
             return Verdict(
                 "refuse",
@@ -165,11 +201,44 @@ async def _intent(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Ve
                 f"{other.error}",
                 detail={"same_as": other.key},
             )
-    if guard.intent == "reuse":
-        for other in earlier:  # newest first
-            if other.status is Status.COMPLETED:
-                return Verdict("reuse", f"the same call ({other.tool_call_id}) already completed", other)
+    for other in same:
+        if other.status is Status.COMPLETED:
+            reason = f"the same call ({other.tool_call_id}) already completed"
+            if guard.intent == "hold":
+                reason = (
+                    f"the same call ({other.tool_call_id}) already took effect, before you had heard "
+                    "its outcome; this is its result, and nothing was sent again. If another one is "
+                    "owed, make the call again: now that you know of this one, it will be sent"
+                )
+            return Verdict("reuse", reason, other)
+    for other in same:
+        if other.status is Status.COMPENSATED and guard.intent == "hold":
+            return Verdict(
+                "refuse",
+                f"the same call ({other.tool_call_id}) took effect and an operator undid it "
+                "(compensated); it is not made again without you having heard that",
+                detail={"same_as": other.key},
+            )
+    same_keys = {twin.key for twin in same}
+    heard = [twin.key for twin in twins if twin.key not in same_keys]
+    if heard:  # sent as a new effect because of them: the reservation's event names them
+        return Verdict("proceed", detail={"heard_twins": heard})
     return None
+
+
+def _may_take_effect(twin: ToolExecutionRecord) -> bool:
+    """Nobody can yet rule out that `twin` took (or will take) effect: it is unresolved, or it failed
+    and a late outcome says it completed (an open conflict), as budgets and resends count it too."""
+    return twin.status.is_unresolved or (twin.status is Status.FAILED and twin.has_conflict)
+
+
+def _heard(twin: ToolExecutionRecord, guard: Guard) -> bool:
+    """Had the model heard `twin`'s outcome when it asked for this call? Only a settled outcome that
+    still stands counts: a failure the model was told of, but which a late answer contradicts, may
+    have taken effect after all, and a repeat of it is a retry."""
+    if twin.tool_call_id not in guard.heard or not twin.status.is_settled:
+        return False
+    return not (twin.status is Status.FAILED and twin.has_conflict)
 
 
 def _older(other: ToolExecutionRecord, call: Candidate) -> bool:
@@ -182,7 +251,9 @@ def _older(other: ToolExecutionRecord, call: Candidate) -> bool:
 async def _entity(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Verdict | None:
     if not guard.exclusive:
         return None
-    row = await conn.fetchrow(queries.ENTITY_BUSY, call.tenant, call.tool_name, guard.entity, call.key)
+    row = await conn.fetchrow(
+        queries.ENTITY_BUSY, call.tenant, call.tool_name, guard.entity, call.key, guard.toolset
+    )
     if row is None:
         return None
     busy = to_record(row)
@@ -196,15 +267,22 @@ async def _budget(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Ve
     if guard.amount is None or guard.limit is None:
         return None
     used = await conn.fetchrow(
-        queries.ENTITY_BUDGET_USED, call.tenant, call.tool_name, guard.entity, call.key
+        queries.ENTITY_BUDGET_USED,
+        call.tenant,
+        call.tool_name,
+        guard.entity,
+        call.key,
+        guard.toolset,
+        guard.currency,
     )
     assert used is not None  # an aggregate always has a row
     completed, unresolved = Decimal(used["completed"]), Decimal(used["unresolved"])
     if completed + unresolved + guard.amount <= guard.limit:
         return None
     left = max(guard.limit - completed - unresolved, Decimal(0))
+    unit = f" {guard.currency}" if guard.currency else ""
     reason = (
-        f"{guard.amount} would exceed the limit of {guard.limit} for {guard.entity}: "
+        f"{guard.amount}{unit} would exceed the limit of {guard.limit}{unit} for {guard.entity}: "
         f"{completed} completed and {unresolved} unresolved, {left} left"
     )
     if unresolved:
@@ -216,4 +294,6 @@ async def _budget(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Ve
         "completed": str(completed),
         "unresolved": str(unresolved),
     }
+    if guard.currency:
+        detail["currency"] = guard.currency
     return Verdict("refuse", reason, detail=detail)

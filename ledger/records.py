@@ -75,6 +75,8 @@ class ToolExecutionRecord(BaseModel):
     entity_exclusive: bool = False
     amount: Decimal | None = None
     budget_limit: Decimal | None = None
+    toolset: str | None = None  # the tool's toolset: its entity slots and budgets are its own
+    currency: str | None = None  # the amount's currency: a budget of its own
     replaces: str | None = None
     held_by: str | None = None
     hold_reason: str | None = None

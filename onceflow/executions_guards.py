@@ -17,6 +17,8 @@ def guard_fields(record: dict[str, Any]) -> list[tuple[str, Any]]:
     if entity and record.get("entity_exclusive"):
         entity = f"{entity} (one unresolved {record['tool']} call at a time)"
     amount = record.get("amount")
+    if amount is not None and record.get("currency"):
+        amount = f"{amount} {record['currency']}"
     if amount is not None and record.get("budget_limit") is not None:
         amount = f"{amount} (limit {record['budget_limit']} for the entity)"
     lineage = record.get("lineage") or []

@@ -1,7 +1,7 @@
 """Where a guarded tool's budget limit comes from (`Guards.limit_from`), checked per agent.
 
 The limit is read, before each call, by calling a read tool of the same agent with the entity
-argument alone. So that tool must exist among the agent's tools, be a read, take the entity
+argument alone (and the currency argument, when the tool declares one). So that tool must exist among the agent's tools, be a read, take the entity
 argument, and need nothing else. Checked when agents.yaml is loaded (Python toolsets) and again once
 MCP servers have listed their tools.
 """
@@ -28,11 +28,14 @@ def limit_source_problem(tool: Tool, source: Tool) -> str | None:
     if source.side_effect is not SideEffect.READ:
         return f"{what}, which is declared {source.side_effect}; a limit comes from a read tool"
     properties, required = schema_arguments(source.json_schema()["parameters"])
-    if entity is not None and entity not in properties:
-        return f"{what}, which takes no {entity!r} argument to be called with"
-    others = sorted(required - {entity})
+    given = [name for name in (entity, tool.guards.currency) if name is not None]
+    for name in given:
+        if name not in properties:
+            return f"{what}, which takes no {name!r} argument to be called with"
+    others = sorted(required - set(given))
     if others:
-        return f"{what}, which also requires {', '.join(others)}; it is called with {entity!r} alone"
+        alone = " and ".join(repr(name) for name in given)
+        return f"{what}, which also requires {', '.join(others)}; it is called with {alone} alone"
     return None
 
 

@@ -194,6 +194,10 @@ class ToolCallInput(_Frozen):
     tenant: str
     agent: str
     call: ToolCall
+    # The tool call ids of this run's calls of the same tool whose settled outcome was in the
+    # conversation the model was given for the turn that produced `call`: the intent guard's twins
+    # among them may be new effects, every other twin is the same intent (ledger/guards.py).
+    heard: list[str] = []
 
 
 class ToolOutcome(_Frozen):

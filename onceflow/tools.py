@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+import re
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from ledger import Guard, SideEffect, ToolExecutionRecord
 
 DEFAULT_TOOL_TIMEOUT = timedelta(seconds=10)
+_CURRENCY = re.compile(r"[A-Z][A-Z0-9]{1,11}")  # as ledger.guards checks it
 READ_ATTEMPTS = 3
 
 
@@ -82,12 +84,12 @@ def destructive(
 class Guards:
     """What the ledger checks before a write is sent, in the reservation's own transaction.
 
-    The default holds a call while the same call (same tool, same canonical arguments) of the same
-    run is unresolved, and after that sends it as a new effect. See ledger/guards.py.
-
-    - intent: once the same call has completed, `hold` sends this one as a new effect (two equal
-      credits can both be owed), `reuse` hands back the recorded result and sends nothing (same
-      arguments mean the same intent), `allow` checks nothing at all.
+    - intent: what a twin (the same tool with the same canonical arguments, in the same run) means.
+      `hold`, the default: a new effect only if the model had heard the twin's outcome when it asked
+      (two equal credits can both be owed, once the model knows of the first); otherwise the same
+      intent, held while the twin is unresolved, given its result once it completed (nothing sent),
+      sent once it is known not applied. `reuse`: always the same intent, heard or not (same
+      arguments mean one effect per run). `allow`: no check at all. See docs/guards.md.
     - entity: the argument naming the business entity (e.g. "order_id"). With it, at most one
       unresolved call of this tool per entity exists across the tenant's runs; `on_busy` says what
       happens to a second: `hold` it until the first is settled, `refuse` it, or `allow` it.
@@ -95,6 +97,10 @@ class Guards:
       unresolved amounts stay within the limit: a number, or what `limit_from` (a read tool of the
       same agent, called with the entity argument alone) returns: a number, or {"limit": number}.
       The limit is the entity's total (an order's captured amount), not what is left of it.
+      Slots and budgets belong to this toolset's tool: another toolset's tool of the same name has
+      its own.
+    - currency: the argument carrying the amount's currency (e.g. "currency"). Each currency is a
+      budget of its own, never summed with another; `limit_from` is then called with it too.
     - replaceable: the model may name an earlier call of this tool that this one replaces, in an
       extra `replaces` argument (its tool call id). Refused while that call is unresolved.
     """
@@ -106,17 +112,20 @@ class Guards:
     limit: int | float | Decimal | None = None
     limit_from: str | None = None
     replaceable: bool = False
+    currency: str | None = None
 
     def problems(self, arguments: set[str]) -> list[str]:
         """What is wrong with this declaration for a tool with these arguments."""
         found = []
-        for role, name in (("entity", self.entity), ("amount", self.amount)):
+        for role, name in (("entity", self.entity), ("amount", self.amount), ("currency", self.currency)):
             if name is not None and name not in arguments:
                 found.append(f"guards.{role} names {name!r}, which is not one of its arguments")
         if self.amount is not None and self.entity is None:
             found.append("a budget (guards.amount) is kept per entity: declare guards.entity too")
         if self.amount is not None and (self.limit is None) == (self.limit_from is None):
             found.append("a budget needs exactly one of guards.limit and guards.limit_from")
+        if self.currency is not None and self.amount is None:
+            found.append("guards.currency is the currency of a budget's amount: declare guards.amount too")
         if self.amount is None and (self.limit is not None or self.limit_from is not None):
             found.append("guards.limit and guards.limit_from need guards.amount")
         if self.limit is not None and as_amount(self.limit) is None:
@@ -266,9 +275,16 @@ class Tool:
         return rest, named
 
     def ledger_guard(
-        self, arguments: dict[str, Any], *, replaces_key: str | None = None, limit: Decimal | None = None
+        self,
+        arguments: dict[str, Any],
+        *,
+        replaces_key: str | None = None,
+        limit: Decimal | None = None,
+        heard: Iterable[str] = (),
     ) -> Guard:
-        """The guard the ledger checks for one call: the declaration, with this call's values."""
+        """The guard the ledger checks for one call: the declaration, with this call's values.
+        `heard`: the run's tool call ids whose settled outcome the model had been given when it
+        asked for this call (the intent guard's only way to tell a new effect from a retry)."""
         declared = self.guards
         entity = None
         if declared.entity is not None:
@@ -287,6 +303,9 @@ class Tool:
                 )
             if limit is None:
                 limit = Decimal(str(declared.limit)) if declared.limit is not None else None
+        currency = None
+        if declared.currency is not None and amount is not None:
+            currency = self._currency(arguments.get(declared.currency))
         return Guard(
             intent=declared.intent,
             entity=entity,
@@ -295,7 +314,19 @@ class Tool:
             amount=amount,
             limit=limit if amount is not None else None,
             replaces=replaces_key,
+            heard=frozenset(heard) if declared.intent == "hold" else frozenset(),
+            toolset=self.toolset,
+            currency=currency,
         )
+
+    def _currency(self, value: Any) -> str:
+        name = self.guards.currency
+        code = value.strip().upper() if isinstance(value, str) else ""
+        if not _CURRENCY.fullmatch(code):
+            raise InvalidToolArgumentsError(
+                self.name, [f"{name}: the amount's currency, a code such as EUR, must be given"]
+            )
+        return code
 
     def validate_arguments(self, arguments: Any) -> dict[str, Any]:
         """Check a model's arguments against the schema. Raises InvalidToolArgumentsError."""

@@ -23,12 +23,21 @@ from onceflow.agents import Agent, AgentRegistry
 from onceflow.constants import HELD_KEYS, UNRESOLVED_KEYS
 from onceflow.models import ScriptedModel
 from onceflow.models.config import ScriptedConfig
-from onceflow.payloads import AgentRunResult, ModelCallInput, ModelTurn, Phase, ResolveSignal, ToolOutcome
-from tests.support.agents import credit_agent, refund_agent
+from onceflow.payloads import (
+    AgentRunResult,
+    ModelCallInput,
+    ModelTurn,
+    Phase,
+    ResolveSignal,
+    ToolCallInput,
+    ToolOutcome,
+)
+from tests.support.agents import credit_agent, refund_agent, twins_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.operator_api import serving_api
 from tests.support.waiting import eventually
+from tests.test_replay import replayer
 from tests.workflow_harness import Harness, running_worker
 from workflows.agent_run import AgentRunWorkflow
 
@@ -101,7 +110,7 @@ async def reset_before_the_credit(
 
 
 @pytest.mark.parametrize(
-    ("intent", "effects", "reused"), [("hold", 2, False), ("reuse", 1, True), ("allow", 2, False)]
+    ("intent", "effects", "reused"), [("hold", 1, True), ("reuse", 1, True), ("allow", 2, False)]
 )
 async def test_a_reset_that_makes_the_model_reissue_a_completed_call(
     harness: Harness, intent: str, effects: int, reused: bool
@@ -125,6 +134,11 @@ async def test_a_reset_that_makes_the_model_reissue_a_completed_call(
         told = (await _write_outcome(harness.client, again)).for_model()
         assert told["ok"] is True and told["reused_from"] == first_key.rpartition(":")[2]
         assert "nothing was sent again" in told["note"]
+        if intent == "hold":  # the model is told it may ask again, now that it knows
+            assert "make the call again" in told["settlement_reason"]
+            history = await again.fetch_history()
+            replayed = await replayer().replay_workflow(history, raise_on_replay_failure=False)
+            assert replayed.replay_failure is None
         assert "cr_1" in second.final
     else:
         assert DOWNSTREAM.received == {first_key: 1, second_key: 1}
@@ -177,18 +191,71 @@ async def test_the_same_call_is_held_while_the_first_is_unknown_then_goes_as_dec
     await again.signal(AgentRunWorkflow.resolve, ResolveSignal(key=second_key, actor="ops"))
     result = await asyncio.wait_for(again.result(), 30)
 
+    # The reset took the first credit out of the conversation: the model never heard of it, so the
+    # re-issue is the same intent, for `hold` as for `reuse`. It gets the first's result.
     record = await harness.ledger.get(second_key)
-    kinds = [e.kind for e in record.events]
-    if intent == "reuse":
-        assert record.reused_from == first_key
-        assert DOWNSTREAM.received == {first_key: 1}
-        assert kinds == ["held", "reused"]
-    else:
-        assert record.status is Status.COMPLETED and record.reused_from is None
-        assert DOWNSTREAM.received == {first_key: 1, second_key: 1}
-        assert kinds == ["held", "reserved", "completed"]
+    assert record.status is Status.COMPLETED and record.reused_from == first_key
+    assert DOWNSTREAM.received == {first_key: 1}
+    assert [e.kind for e in record.events] == ["held", "reused"]
     assert await attribute(again, HELD_KEYS) is None
     assert result.final
+
+
+async def test_a_held_reissue_is_sent_once_its_twin_is_known_not_applied(harness: Harness) -> None:
+    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+    handle = await harness.start("fresh-hold", ORDER)
+    await eventually(
+        lambda: _phase_is(handle, Phase.AWAITING_RECONCILIATION), "the first credit to be unknown"
+    )
+    [first_key] = await write_keys(harness.ledger, handle.id)
+    first_run = (await handle.describe()).run_id
+    assert first_run is not None
+    again = await reset_before_the_credit(harness.client, handle, first_run)
+    await eventually(lambda: _phase_is(again, Phase.HELD), "the re-issued credit to be held")
+    _, second_key = await write_keys(harness.ledger, handle.id)
+
+    DOWNSTREAM.modes["acct_o1"] = "ok"
+    await harness.ledger.settle(
+        first_key, status=Status.FAILED, actor="ops", reason="billing has no such credit"
+    )
+    await again.signal(AgentRunWorkflow.resolve, ResolveSignal(key=second_key, actor="ops"))
+    await asyncio.wait_for(again.result(), 30)
+    record = await harness.ledger.get(second_key)
+    assert record.status is Status.COMPLETED and record.reused_from is None
+    assert [e.kind for e in record.events] == ["held", "reserved", "completed"]
+    assert DOWNSTREAM.received[second_key] == 1
+
+
+async def test_two_twins_in_one_answer_pay_once_and_a_repeat_after_hearing_both_pays_again(
+    temporal_env: WorkflowEnvironment, ledger: Ledger
+) -> None:
+    DOWNSTREAM.reset()
+    agent = twins_agent("twins", "issue_credit_unreconciled")  # the default guards
+    async with running_worker(temporal_env.client, ledger, AgentRegistry({agent.name: agent})) as harness:
+        handle = await harness.start("twins", ORDER)
+        result = await asyncio.wait_for(handle.result(), 30)
+    first, twin, owed = await write_keys(ledger, handle.id)
+    assert sum(DOWNSTREAM.effects.values()) == 2
+    assert DOWNSTREAM.received == {first: 1, owed: 1}
+    assert (await ledger.get(twin)).reused_from == first
+    sent = await ledger.get(owed)
+    assert sent.reused_from is None and sent.status is Status.COMPLETED
+    assert set(sent.events[0].detail["heard_twins"]) == {first, twin}
+    assert [c.status for c in result.calls] == ["ok", "completed", "completed", "completed"]
+
+    # The run's own history replays: what each call was told it had heard is rebuilt the same way.
+    history = await handle.fetch_history()
+    heard = [
+        ToolCallInput.model_validate_json(
+            e.activity_task_scheduled_event_attributes.input.payloads[0].data
+        ).heard
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_write_tool"
+    ]
+    assert heard == [[], [], [first.rpartition(":")[2], twin.rpartition(":")[2]]]
+    replayed = await replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None
 
 
 async def test_a_reset_while_the_first_credit_is_in_flight_reconciles_it_and_reuses_its_result(

@@ -90,3 +90,53 @@ def test_guard_declarations_that_cannot_work_are_contract_problems() -> None:
     assert "guards.amount names 'cents'" in problems
     assert "exactly one of guards.limit and guards.limit_from" in problems
     assert "guards are for tools that change the world" in " ".join(tool_contract_problems(look))
+
+
+@tools.tool(external(), guards=Guards(entity="order_id", amount="amount", currency="currency", limit=100))
+async def refund_fx(order_id: str, amount: int, currency: str, context: ToolContext) -> dict[str, str]:
+    return {}
+
+
+def test_a_call_hands_the_ledger_its_toolset_currency_and_what_the_model_had_heard() -> None:
+    guard = refund_fx.ledger_guard({"order_id": "ord_1", "amount": 5, "currency": "eur"}, heard=["call_0_0"])
+    assert (guard.toolset, guard.currency) == ("guarded", "EUR")
+    assert guard.heard == frozenset({"call_0_0"})
+    # `reuse` makes every twin the same intent: what the model heard does not matter to it.
+    assert refund.ledger_guard({"order_id": "o", "amount_cents": 1}, heard=["x"]).heard == frozenset()
+
+
+@pytest.mark.parametrize("currency", [None, "", 12, "euro dollars"])
+def test_a_currency_that_is_no_code_is_bad_input(currency: object) -> None:
+    with pytest.raises(InvalidToolArgumentsError, match="currency"):
+        refund_fx.ledger_guard({"order_id": "ord_1", "amount": 5, "currency": currency})
+
+
+def test_a_currency_needs_an_amount_and_an_argument() -> None:
+    problems = " | ".join(Guards(currency="ccy").problems({"ccy"}))
+    assert "guards.currency is the currency of a budget's amount" in problems
+    assert "guards.currency names 'cur'" in " | ".join(
+        Guards(entity="o", amount="a", limit=1, currency="cur").problems({"o", "a"})
+    )
+
+
+def test_a_limit_source_is_called_with_the_currency_too() -> None:
+    from onceflow.guard_sources import limit_source_problem
+
+    fx = Toolset("fx")
+
+    @fx.tool(read())
+    async def limit_by_order(order_id: str) -> int:
+        return 1
+
+    @fx.tool(read())
+    async def limit_by_order_and_currency(order_id: str, currency: str) -> int:
+        return 1
+
+    @fx.tool(
+        external(),
+        guards=Guards(entity="order_id", amount="amount", currency="currency", limit_from="x"),
+    )
+    async def pay(order_id: str, amount: int, currency: str, context: ToolContext) -> None: ...
+
+    assert "takes no 'currency' argument" in (limit_source_problem(pay, limit_by_order) or "")
+    assert limit_source_problem(pay, limit_by_order_and_currency) is None

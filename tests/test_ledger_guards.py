@@ -74,7 +74,8 @@ async def test_same_call_of_a_run_is_held_while_the_first_is_unknown(ledger: Led
     assert [e.kind for e in events] == ["held"]
 
 
-async def test_hold_sends_the_second_call_as_a_new_effect_once_the_first_completed(ledger: Ledger) -> None:
+async def test_a_held_twin_gets_the_first_result_once_it_completed_nothing_is_sent(ledger: Ledger) -> None:
+    """The model had not heard c1 when it asked for c2: the same intent, retried in disguise."""
     run = run_id()
     first = await reserve(ledger, run, "c1", Guard())
     await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
@@ -84,11 +85,81 @@ async def test_hold_sends_the_second_call_as_a_new_effect_once_the_first_complet
     )
 
     released = await reserve(ledger, run, "c2", Guard(), owner="owner-later")
-    assert released.outcome is Reservation.NEW and released.may_send
-    assert released.record.status is Status.STARTED
-    assert released.record.held_by is None and released.record.owner == "owner-later"
+    assert released.outcome is Reservation.REUSED and not released.may_send
+    assert released.record.reused_from == first.record.key and released.record.result == {"id": 1}
+    assert "nothing was sent again" in (released.record.reason or "")
+    assert "make the call again" in (released.record.reason or "")
     kinds = [(e.kind, e.from_status) for e in (await ledger.get(released.record.key)).events]
-    assert kinds == [("held", None), ("reserved", Status.HELD)]
+    assert kinds == [("held", None), ("reused", Status.HELD)]
+
+
+async def test_a_twin_the_model_had_heard_is_a_new_effect(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.complete(first.record.key, owner="owner-c1", result={"credit_id": "cr_1"})
+    second = await reserve(ledger, run, "c2", Guard())  # the same answer as c1: not heard
+    assert second.outcome is Reservation.REUSED
+
+    third = await reserve(ledger, run, "c3", Guard(heard=frozenset({"c1", "c2"})))
+    assert third.outcome is Reservation.NEW and third.may_send
+    [reserved] = (await ledger.get(third.record.key)).events
+    assert reserved.kind == "reserved"
+    assert set(reserved.detail["heard_twins"]) == {first.record.key, second.record.key}
+    # Hearing one twin is not hearing them all: c4 heard c1 only, so c3 (unheard) decides.
+    fourth = await reserve(ledger, run, "c4", Guard(heard=frozenset({"c1"})))
+    assert fourth.outcome is Reservation.HELD and fourth.record.held_by == third.record.key
+
+
+async def test_a_twin_known_not_applied_lets_the_repeat_go(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
+    assert (await reserve(ledger, run, "c2", Guard())).outcome is Reservation.HELD
+    await ledger.settle(first.record.key, status=Status.FAILED, actor="ops", reason="not in billing")
+    released = await reserve(ledger, run, "c2", Guard())
+    assert released.outcome is Reservation.NEW and released.may_send
+
+
+@pytest.mark.parametrize("intent", ["hold", "reuse"])
+async def test_a_twin_failed_with_an_open_conflict_counts_as_possibly_applied(
+    ledger: Ledger, intent: str
+) -> None:
+    """An operator said c1 did not apply, then its owner's answer said it completed: until someone
+    looks, a repeat is held (even one that heard c1 fail), never sent."""
+    run = run_id()
+    guard = Guard(intent=intent)  # type: ignore[arg-type]
+    first = await reserve(ledger, run, "c1", guard)
+    await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
+    await ledger.settle(first.record.key, status=Status.FAILED, actor="ops", reason="not there")
+    with pytest.raises(OutcomeIgnoredError):
+        await ledger.complete(first.record.key, owner=first.record.owner or "", result={"late": True})
+    assert (await ledger.get(first.record.key)).has_conflict
+
+    heard = await reserve(ledger, run, "c2", guard.model_copy(update={"heard": frozenset({"c1"})}))
+    assert heard.outcome is Reservation.HELD and not heard.may_send
+    assert heard.record.held_by == first.record.key
+    assert "failed with an open conflict" in (heard.record.hold_reason or "")
+    unheard = await reserve(ledger, run, "c3", guard)
+    assert unheard.outcome is Reservation.HELD and not unheard.may_send
+
+
+async def test_an_unheard_twin_an_operator_compensated_is_refused(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.complete(first.record.key, owner="owner-c1", result={"credit_id": "cr_1"})
+    await ledger.mark_compensated(first.record.key, actor="operator:ann", reason="voided")
+    again = await reserve(ledger, run, "c2", Guard())
+    assert again.outcome is Reservation.REFUSED and "compensated" in (again.record.error or "")
+    heard = await reserve(ledger, run, "c3", Guard(heard=frozenset({"c1"})))
+    assert heard.outcome is Reservation.NEW
+
+
+async def test_reuse_ignores_what_the_model_heard(ledger: Ledger) -> None:
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard(intent="reuse"))
+    await ledger.complete(first.record.key, owner="owner-c1", result={"credit_id": "cr_1"})
+    again = await reserve(ledger, run, "c2", Guard(intent="reuse", heard=frozenset({"c1"})))
+    assert again.outcome is Reservation.REUSED
 
 
 async def test_reuse_hands_back_the_completed_result_and_sends_nothing(ledger: Ledger) -> None:
@@ -227,6 +298,19 @@ async def test_one_unresolved_call_per_entity_across_runs(ledger: Ledger) -> Non
     assert (await reserve(ledger, held.record.run_id, "c1", entity_guard("ord_1"))).outcome is Reservation.NEW
 
 
+async def test_entity_slots_belong_to_one_toolsets_tool(ledger: Ledger) -> None:
+    """Two servers' `refund` tools of the same name do not share an order's slot."""
+    first = await reserve(ledger, run_id(), "c1", entity_guard("ord_ts").model_copy(update={"toolset": "a"}))
+    other = await reserve(ledger, run_id(), "c1", entity_guard("ord_ts").model_copy(update={"toolset": "b"}))
+    same = await reserve(ledger, run_id(), "c1", entity_guard("ord_ts").model_copy(update={"toolset": "a"}))
+    # A caller that names no toolset (or a row from before toolsets were recorded) meets every one.
+    unnamed = await reserve(ledger, run_id(), "c1", entity_guard("ord_ts"))
+    assert first.outcome is Reservation.NEW and first.record.toolset == "a"
+    assert other.outcome is Reservation.NEW and other.record.toolset == "b"
+    assert same.outcome is Reservation.HELD and same.record.held_by == first.record.key
+    assert unnamed.outcome is Reservation.HELD
+
+
 async def test_fifty_racing_runs_on_one_entity_let_exactly_one_through(ledger: Ledger) -> None:
     results = await asyncio.gather(
         *(reserve(ledger, run_id(), "c1", entity_guard("ord_race")) for _ in range(50))
@@ -288,6 +372,31 @@ async def test_a_call_over_the_budget_is_refused_with_the_figures(ledger: Ledger
     )
     now_fits = await reserve(ledger, run_id(), "c1", budget("ord_b", 2000))
     assert now_fits.outcome is Reservation.NEW
+
+
+async def test_budgets_are_kept_per_toolset_and_per_currency(ledger: Ledger) -> None:
+    def spend(toolset: str, amount: int, currency: str | None = None) -> Guard:
+        fields = budget("ord_fx", amount, limit=1000).model_dump()
+        return Guard(**{**fields, "toolset": toolset, "currency": currency})
+
+    assert (await reserve(ledger, run_id(), "c1", spend("a", 800, "EUR"))).outcome is Reservation.NEW
+    # Another toolset's tool of the same name, and another currency, are budgets of their own.
+    assert (await reserve(ledger, run_id(), "c1", spend("b", 800, "EUR"))).outcome is Reservation.NEW
+    assert (await reserve(ledger, run_id(), "c1", spend("a", 800, "USD"))).outcome is Reservation.NEW
+    assert (await reserve(ledger, run_id(), "c1", spend("a", 800))).outcome is Reservation.NEW
+    over = await reserve(ledger, run_id(), "c1", spend("a", 300, "EUR"))
+    assert over.outcome is Reservation.REFUSED
+    assert "300 EUR would exceed the limit of 1000 EUR" in (over.record.error or "")
+    assert over.record.currency == "EUR"
+    fits = await reserve(ledger, run_id(), "c1", spend("a", 200, "eur"))  # codes are upper-cased
+    assert fits.outcome is Reservation.NEW and fits.record.currency == "EUR"
+
+
+def test_a_currency_is_a_code_and_belongs_to_an_amount() -> None:
+    with pytest.raises(ValueError, match="currency"):
+        Guard(entity="o", amount=Decimal(1), limit=Decimal(2), currency="euro dollars")
+    with pytest.raises(ValueError, match="currency"):
+        Guard(entity="o", currency="EUR")
 
 
 async def test_fifty_concurrent_calls_never_overdraw_one_balance(ledger: Ledger, database_url: str) -> None:

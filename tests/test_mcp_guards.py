@@ -73,6 +73,7 @@ async def test_declared_guards_reach_the_tool_the_agent_calls(tmp_path: Path) ->
             on_busy="refuse",
             amount=Decimal(500),
             limit=Decimal(10000),
+            toolset="billing-mcp",  # its slots and budgets are this server's, not another's
         )
 
 

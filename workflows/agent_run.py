@@ -27,7 +27,7 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from activities.model import ModelActivities
     from activities.tools import ToolActivities
-    from ledger.status import SideEffect, Status
+    from ledger.status import SETTLED, SideEffect, Status
     from onceflow.constants import (
         ACTIVITY_MARGIN,
         AGENT,
@@ -70,6 +70,9 @@ PATCH_LEDGER_RECHECK = "ledger-recheck"
 # Search attributes follow the ledger: escalations are cleared when settled; a run that fails on an
 # unknown call does not claim it as its own unresolved key after it has closed.
 PATCH_SEARCH_ATTRIBUTES_FOLLOW_LEDGER = "search-attributes-follow-ledger"
+# Each write call names the same tool's calls whose settled outcome the model had been given when
+# it asked for it (ToolCallInput.heard), so that the intent guard can tell a new effect from a retry.
+PATCH_INTENT_HEARD = "intent-heard"
 
 
 @workflow.defn
@@ -80,12 +83,14 @@ class AgentRunWorkflow(WriteCalls):
         self._used_call_ids: set[str] = set()
         self._conflicts: set[str] = set()
         self._usage: list[TokenUsage] = []
+        self._intent_heard = False
 
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
         self._tenant = run_input.tenant
         self._recheck = workflow.patched(PATCH_LEDGER_RECHECK)
         self._attributes_follow_ledger = workflow.patched(PATCH_SEARCH_ATTRIBUTES_FOLLOW_LEDGER)
+        self._intent_heard = workflow.patched(PATCH_INTENT_HEARD)
         workflow.upsert_search_attributes(
             [
                 PHASE.value_set(Phase.RUNNING.value),
@@ -196,8 +201,13 @@ class AgentRunWorkflow(WriteCalls):
         if spec.instructions:
             messages.append(Message(role="system", content=spec.instructions))
         messages.append(Message(role="user", content=run_input.input))
+        # Per tool: the write calls whose settled outcome is in the conversation so far. Rebuilt by
+        # replay from this run's own history, so after a reset a call of the discarded branch is not
+        # in it: the model never heard of it.
+        told: dict[str, list[str]] = {}
         for turn in range(1, run_input.max_turns + 1):
             self._turns = turn
+            heard = {tool: list(ids) for tool, ids in told.items()}  # what this request carries
             answer = await workflow.execute_activity_method(
                 ModelActivities.call_model,
                 conversation.request(),
@@ -228,7 +238,8 @@ class AgentRunWorkflow(WriteCalls):
                     usage_total=sum(self._usage, TokenUsage()),
                 )
             for call in tool_calls:
-                outcome = await self._call_tool(run_input, spec, call)
+                # Calls of one answer do not hear each other: each is asked with this turn's `heard`.
+                outcome = await self._call_tool(run_input, spec, call, heard.get(call.name, []))
                 messages.append(
                     Message(
                         role="tool",
@@ -237,16 +248,24 @@ class AgentRunWorkflow(WriteCalls):
                         content=json.dumps(outcome.for_model(), sort_keys=True),
                     )
                 )
+                if self._intent_heard and outcome.key is not None and outcome.status in SETTLED:
+                    told.setdefault(call.name, []).append(call.id)
         raise ApplicationError(
             f"no final answer after {run_input.max_turns} model turns",
             type="TooManyTurns",
             non_retryable=True,
         )
 
-    async def _call_tool(self, run_input: AgentRunInput, spec: AgentSpec, call: ToolCall) -> ToolOutcome:
+    async def _call_tool(
+        self, run_input: AgentRunInput, spec: AgentSpec, call: ToolCall, heard: list[str]
+    ) -> ToolOutcome:
         tool = spec.tools.get(call.name)
         tool_input = ToolCallInput(
-            run_id=workflow.info().workflow_id, tenant=run_input.tenant, agent=spec.name, call=call
+            run_id=workflow.info().workflow_id,
+            tenant=run_input.tenant,
+            agent=spec.name,
+            call=call,
+            heard=heard,
         )
         if tool is None:
             outcome = ToolOutcome(

@@ -167,6 +167,10 @@ class ToolExecutionView(BaseModel):
     )
     amount: str | None = Field(None, description="What the call draws on its entity's budget.")
     budget_limit: str | None = Field(None, description="The limit the amount was checked against.")
+    toolset: str | None = Field(None, description="The tool's toolset; entity slots and budgets are its own.")
+    currency: str | None = Field(
+        None, description="The amount's currency; each currency is a budget of its own."
+    )
     replaces: str | None = Field(None, description="The key of the call this one replaces.")
     held_by: str | None = Field(
         None, description="While `held`: the call it waits for. Nothing was sent; decide that call."

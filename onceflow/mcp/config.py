@@ -76,6 +76,7 @@ class McpGuardsConfig(BaseModel):
     limit: Decimal | None = Field(None, allow_inf_nan=False)
     limit_from: str | None = Field(None, min_length=1)
     replaceable: bool = False
+    currency: str | None = Field(None, min_length=1)  # the argument carrying the amount's currency
 
     @field_validator("limit", mode="before")
     @classmethod
@@ -86,7 +87,7 @@ class McpGuardsConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> McpGuardsConfig:
-        declared = {name for name in (self.entity, self.amount) if name}
+        declared = {name for name in (self.entity, self.amount, self.currency) if name}
         problems = self.guards().problems(declared)
         if problems:
             raise ValueError("; ".join(problems))
@@ -101,6 +102,7 @@ class McpGuardsConfig(BaseModel):
             limit=self.limit,
             limit_from=self.limit_from,
             replaceable=self.replaceable,
+            currency=self.currency,
         )
 
 

@@ -46,6 +46,7 @@ def tool_guard_problems(
     for role, argument, allowed in (
         ("entity", guards.entity, _ENTITY_TYPES),
         ("amount", guards.amount, _AMOUNT_TYPES),
+        ("currency", guards.currency, {"string"}),
     ):
         if argument is None or argument not in properties:
             continue

@@ -77,6 +77,19 @@ def reissue_agent(name: str, tool: str) -> Agent:
     return Agent(name, agent.config.model_copy(update={"model": model}), agent.tools)
 
 
+def twins_agent(name: str, tool: str) -> Agent:
+    """Two identical credits in one answer (neither has heard of the other), then one more after
+    hearing both. Under the default guards the second of the pair is a repeat in ignorance (it gets
+    the first's result), and the third is owed (it is sent)."""
+    agent = credit_agent(name, tool, "pause")
+    assert isinstance(agent.config.model, ScriptedConfig)
+    script = agent.config.model.model_dump()["script"]
+    credit = script[1]["tool_calls"][0]
+    script[1:2] = [{"tool_calls": [credit, credit]}, {"tool_calls": [credit]}]
+    model = ScriptedConfig.model_validate({"provider": "scripted", "script": script})
+    return Agent(name, agent.config.model_copy(update={"model": model}), agent.tools)
+
+
 def flaky_model_agent(name: str, failures: int) -> tuple[Agent, FlakyModel]:
     """The credit agent, talking to a model whose first `failures` calls fail."""
     agent = credit_agent(name, "issue_credit")
@@ -102,5 +115,6 @@ def support_registry() -> AgentRegistry:
         ),
         refund_agent("refund", "refund_order"),
         reissue_agent("credit-reissued", "issue_credit_reusing"),
+        twins_agent("credit-twins", "issue_credit_unreconciled"),
     ]
     return AgentRegistry({a.name: a for a in agents})

@@ -241,6 +241,16 @@ async def reissued_and_reused(r: Recorder) -> None:
     )
 
 
+async def twins_reused_then_heard_and_sent(r: Recorder) -> None:
+    handle, _ = await r.start("credit-twins")
+    await asyncio.wait_for(handle.result(), WAIT)
+    await r.save(
+        "agent_run-twins_reused_then_heard_and_sent",
+        handle.id,
+        "two equal credits in one answer (the second reused), a third after hearing both (sent)",
+    )
+
+
 SCENARIOS = [
     completed_read_and_write,
     reconciled_by_hook,
@@ -252,6 +262,7 @@ SCENARIOS = [
     compensation_resolved_by_operator,
     held_then_refused_by_budget,
     reissued_and_reused,
+    twins_reused_then_heard_and_sent,
 ]
 
 

@@ -240,5 +240,6 @@ async def test_a_purge_does_not_refill_a_budget(ledger: Ledger, database_url: st
     second = await reserve(ledger, run_id(), "c1")
     assert second.outcome is Reservation.REFUSED
     assert "1000 completed" in (second.record.error or "")
-    small = await reserve(ledger, run_id(), "c1", arguments={**REFUND, "amount_cents": 500})
+    half = BUDGET.model_copy(update={"amount": Decimal(500)})
+    small = await reserve(ledger, run_id(), "c1", half, arguments={**REFUND, "amount_cents": 500})
     assert small.outcome is Reservation.NEW

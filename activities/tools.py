@@ -199,7 +199,9 @@ class ToolActivities:
             raise ApplicationError(str(exc), type=ERR_BUDGET_LIMIT_UNAVAILABLE, non_retryable=True) from exc
         try:
             guard = tool.ledger_guard(
-                arguments, replaces_key=call_key(tool_input.run_id, replaces) if replaces else None, limit=limit
+                arguments,
+                replaces_key=call_key(tool_input.run_id, replaces) if replaces else None,
+                limit=limit,
             )
         except InvalidToolArgumentsError as exc:
             return _refused(call, exc)

@@ -107,7 +107,9 @@ class ConflictFlags(LedgerBase):
         returns the record unchanged.
         """
         if status not in _ACKNOWLEDGED:
-            raise ValueError(f"a conflict is acknowledged as completed, failed or compensated, not {status!r}")
+            raise ValueError(
+                f"a conflict is acknowledged as completed, failed or compensated, not {status!r}"
+            )
         reason = require_text(reason, "acknowledging a conflict")
         actor = require_text(actor, "acknowledging a conflict (actor)")
         if not has_evidence(evidence):

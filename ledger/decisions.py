@@ -294,9 +294,13 @@ class OperatorDecisions(ConflictFlags):
                 ):
                     return to_record(row)
                 if current is Status.AWAITING_APPROVAL and row["approved_at"] is None:
-                    raise InvalidTransitionError(key, current.value, "release: it awaits approval; deny it instead")
+                    raise InvalidTransitionError(
+                        key, current.value, "release: it awaits approval; deny it instead"
+                    )
                 raise self._refuse(row, "release")
-            detail = {"held_by": row["held_by"]} if current is Status.HELD else {"approved_by": row["approved_by"]}
+            detail = (
+                {"held_by": row["held_by"]} if current is Status.HELD else {"approved_by": row["approved_by"]}
+            )
             await self.insert_event(
                 conn,
                 key,

@@ -497,9 +497,7 @@ def acknowledge_conflict(
         typer.Option(help="What the world is: it took effect, it did not, or it was undone. Final."),
     ],
     reason: Annotated[str, typer.Option("--reason", help="What you did about it; recorded with your id.")],
-    evidence: Annotated[
-        str, typer.Option(help="JSON object: what you checked (ticket, refund, reference).")
-    ],
+    evidence: Annotated[str, typer.Option(help="JSON object: what you checked (ticket, refund, reference).")],
     as_json: AsJson = False,
     api: Api = DEFAULT_API,
     token: Token = None,

@@ -94,7 +94,8 @@ class Guards:
     - amount, limit | limit_from: a budget per entity. The call is reserved only if completed plus
       unresolved amounts stay within the limit: a number, or what `limit_from` (a read tool of the
       same agent, called with the entity argument alone) returns: a number, or {"limit": number}.
-      The limit is the entity's total (an order's captured amount), not what is left of it.
+      The limit is the entity's total over its whole life (an order's captured amount), not what is
+      left of it; the ledger subtracts what it recorded, purged calls included.
     - replaceable: the model may name an earlier call of this tool that this one replaces, in an
       extra `replaces` argument (its tool call id). Refused while that call is unresolved.
     """

@@ -30,7 +30,10 @@ ORDER = json.dumps({"order_id": "o1"})
 @pytest.fixture
 async def api(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIterator[OperatorApi]:
     DOWNSTREAM.reset()
-    agents = [refund_agent("refund", "refund_order"), refund_agent("refund-approved", "refund_order_approved")]
+    agents = [
+        refund_agent("refund", "refund_order"),
+        refund_agent("refund-approved", "refund_order_approved"),
+    ]
     async with serving_api(temporal_env.client, ledger, AgentRegistry({a.name: a for a in agents})) as served:
         yield served
 
@@ -44,15 +47,21 @@ async def _phase_is(handle: WorkflowHandle[Any, Any], wanted: Phase) -> bool:
 
 async def write_keys(ledger: Ledger, run_id: str) -> list[str]:
     async with ledger.connection("test") as conn:
-        rows = await conn.fetch("SELECT key FROM tool_executions WHERE run_id = $1 ORDER BY created_at", run_id)
+        rows = await conn.fetch(
+            "SELECT key FROM tool_executions WHERE run_id = $1 ORDER BY created_at", run_id
+        )
     return [row["key"] for row in rows]
 
 
-async def held_refund(api: OperatorApi) -> tuple[WorkflowHandle[Any, Any], str, WorkflowHandle[Any, Any], str]:
+async def held_refund(
+    api: OperatorApi,
+) -> tuple[WorkflowHandle[Any, Any], str, WorkflowHandle[Any, Any], str]:
     """A first refund of o1 that is unknown (applied, no answer), and a second one held behind it."""
     DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
     first = await api.runs.start("refund", ORDER)
-    await eventually(lambda: _phase_is(first, Phase.AWAITING_RECONCILIATION), "the first refund to be unknown")
+    await eventually(
+        lambda: _phase_is(first, Phase.AWAITING_RECONCILIATION), "the first refund to be unknown"
+    )
     [first_key] = await write_keys(api.ledger, first.id)
     second = await api.runs.start("refund", ORDER)
     await eventually(lambda: _phase_is(second, Phase.HELD), "the second refund to be held")

@@ -163,3 +163,15 @@ async def test_the_cli_releases_an_approved_call_whose_run_is_gone(api: Operator
         "operator:alice",
     )
     assert [e.kind for e in record.events].count("released") == 1
+
+
+async def test_a_new_refund_whose_limit_cannot_be_read_is_not_recorded_and_the_model_is_told(
+    api: OperatorApi,
+) -> None:
+    DOWNSTREAM.limit_failures_left = 1
+    run = await api.runs.start("refund", ORDER)
+    result = await asyncio.wait_for(run.result(), 30)
+    told = result.calls[-1]
+    assert (told.status, told.key) == ("error", None)
+    assert "budget limit comes from order_refundable, which failed" in (told.detail or "")
+    assert await write_keys(api.ledger, run.id) == [] and DOWNSTREAM.received == {}

@@ -186,14 +186,15 @@ class ToolActivities:
             arguments, replaces = _split_arguments(tool, call)
         except InvalidToolArgumentsError as exc:
             return _refused(call, exc)  # nothing reserved, nothing sent: the model is told
-        # The ledger first: a call asked again (a held call woken, an approval, a reset replaying
-        # the key) is answered by its row, and nothing read before it may turn into a refusal.
+        # The ledger before the budget's `limit_from` read (the only thing read before it): a call
+        # asked again (a held call woken, an approval, a reset replaying the key) is answered by its
+        # row, and a failed read never turns into a refusal of it.
         key = call_key(tool_input.run_id, call.id)
-        recorded = await self._recorded(key)
+        recorded = await self._recorded(key) if tool.guards.limit_from is not None else None
         try:
             limit = await self._budget_limit(tool_input, tool, arguments, recorded)
         except BudgetLimitUnavailableError as exc:
-            if recorded is None and await self._recorded(key) is None:
+            if recorded is None and await self._recorded(key) is None:  # not even just now
                 return _refused(call, exc)  # nothing reserved, nothing sent: the model may try again
             # A recorded call stays as it is, and is asked about again: never refused for this.
             raise ApplicationError(str(exc), type=ERR_BUDGET_LIMIT_UNAVAILABLE, non_retryable=True) from exc

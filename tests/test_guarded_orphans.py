@@ -19,6 +19,7 @@ from onceflow.agents import AgentRegistry
 from onceflow.payloads import Phase
 from tests.support.agents import refund_agent
 from tests.support.downstream import DOWNSTREAM
+from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.operator_api import OperatorApi, serving_api
 from tests.support.waiting import eventually
 from tests.test_executions_cli import cli, put_call
@@ -90,6 +91,36 @@ async def test_a_held_refund_whose_limit_read_fails_when_woken_is_retried_not_or
     record = await api.ledger.get(second_key)
     assert record.status is Status.COMPLETED
     assert result.calls[-1].status == "completed" and result.calls[-1].key == second_key
+    assert DOWNSTREAM.received == {first_key: 1, second_key: 1}
+    await asyncio.wait_for(first.result(), 30)
+
+
+async def test_a_reset_that_replays_a_held_key_while_its_limit_cannot_be_read_keeps_it_held(
+    api: OperatorApi,
+) -> None:
+    first, first_key, second, second_key = await held_refund(api)
+    described = await second.describe()
+    events = await history_events(api.runs.client, second.id, described.run_id)
+    first_model = next(r for r in activity_runs(events) if r.activity_type == "call_model")
+    assert first_model.closed is not None
+    point = workflow_task_completed_after(events, first_model.closed.event_id)
+    DOWNSTREAM.limit_failures_left = 2  # down while the reset run asks about the held key again
+    new_run = await reset_run(api.runs.client, second.id, described.run_id, point, "test: replay the key")
+    again = api.runs.client.get_workflow_handle_for(AgentRunWorkflow.run, second.id, run_id=new_run)
+    await eventually(lambda: _phase_is(again, Phase.HELD), "the replayed key to be held again")
+    assert DOWNSTREAM.limit_failures_left == 0
+    assert (await api.ledger.get(second_key)).status is Status.HELD
+
+    DOWNSTREAM.modes["acct_o1"] = "ok"
+    async with await api.as_operator() as operator:
+        settled = await operator.post(
+            f"/v1/tool-executions/{first_key}/resolve",
+            json={"status": "failed", "reason": "billing has no refund", "evidence": {"billing": "none"}},
+        )
+        assert settled.status_code == 200, settled.text
+    result = await asyncio.wait_for(again.result(), 60)
+    assert result.calls[-1].status == "completed"
+    assert (await api.ledger.get(second_key)).status is Status.COMPLETED
     assert DOWNSTREAM.received == {first_key: 1, second_key: 1}
     await asyncio.wait_for(first.result(), 30)
 

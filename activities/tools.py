@@ -25,10 +25,13 @@ from ledger import (
     PayloadMismatchError,
     Status,
     TenantMismatchError,
+    ToolExecutionRecord,
 )
+from ledger.guarded import decided_again
 from onceflow.agents import AgentRegistry
 from onceflow.constants import (
     ACTIVITY_MARGIN,
+    ERR_BUDGET_LIMIT_UNAVAILABLE,
     ERR_LEDGER_UNAVAILABLE,
     ERR_OUTCOME_NOT_RECORDED,
     ERR_PAYLOAD_MISMATCH,
@@ -123,7 +126,8 @@ def _split_arguments(tool: Tool, call: ToolCall) -> tuple[dict[str, Any], str | 
 
 
 class BudgetLimitUnavailableError(Exception):
-    """The read tool that gives a budget's limit failed or answered something else: nothing sent."""
+    """The read tool that gives a budget's limit failed or answered something else: nothing sent.
+    For a new call the model is told; a recorded one is asked about again (ERR_BUDGET_LIMIT_UNAVAILABLE)."""
 
     def __init__(self, tool: str, reader: str, problem: str) -> None:
         super().__init__(
@@ -190,14 +194,28 @@ class ToolActivities:
         call = tool_input.call
         try:
             arguments, replaces = _split_arguments(tool, call)
+        except InvalidToolArgumentsError as exc:
+            return _refused(call, exc)  # nothing reserved, nothing sent: the model is told
+        # The ledger before the budget's `limit_from` read (the only thing read before it): a call
+        # asked again (a held call woken, an approval, a reset replaying the key) is answered by its
+        # row, and a failed read never turns into a refusal of it.
+        key = call_key(tool_input.run_id, call.id)
+        recorded = await self._recorded(key) if tool.guards.limit_from is not None else None
+        try:
+            limit = await self._budget_limit(tool_input, tool, arguments, recorded)
+        except BudgetLimitUnavailableError as exc:
+            if recorded is None and await self._recorded(key) is None:  # not even just now
+                return _refused(call, exc)  # nothing reserved, nothing sent: the model may try again
+            # A recorded call stays as it is, and is asked about again: never refused for this.
+            raise ApplicationError(str(exc), type=ERR_BUDGET_LIMIT_UNAVAILABLE, non_retryable=True) from exc
+        try:
             guard = tool.ledger_guard(
                 arguments,
                 replaces_key=call_key(tool_input.run_id, replaces) if replaces else None,
-                limit=await self._budget_limit(tool_input, tool, arguments),
+                limit=limit,
                 heard=tool_input.heard,
             )
-        except (InvalidToolArgumentsError, BudgetLimitUnavailableError) as exc:
-            # Nothing reserved, nothing sent: the model is told and may try again.
+        except InvalidToolArgumentsError as exc:
             return _refused(call, exc)
         owner = owner_token(self.worker_identity)
         identity = CallIdentity(
@@ -247,13 +265,31 @@ class ToolActivities:
                 non_retryable=True,
             ) from exc
 
+    async def _recorded(self, key: str) -> ToolExecutionRecord | None:
+        try:
+            return await self.ledger.find(key)
+        except LedgerUnavailableError as exc:
+            raise ApplicationError(
+                f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
+            ) from exc
+
     async def _budget_limit(
-        self, tool_input: ToolCallInput, tool: Tool, arguments: dict[str, Any]
+        self,
+        tool_input: ToolCallInput,
+        tool: Tool,
+        arguments: dict[str, Any],
+        recorded: ToolExecutionRecord | None,
     ) -> Decimal | None:
-        """The entity's limit, read from the tool's `limit_from` read tool, when it declares one."""
+        """The entity's limit, read from the tool's `limit_from` read tool, when it declares one.
+
+        A recorded call that the guards will not decide again (approved, in flight, settled) keeps
+        the limit it was reserved under: nothing is read for it.
+        """
         declared = tool.guards
         if declared.limit_from is None or declared.entity is None:
             return None
+        if recorded is not None and recorded.budget_limit is not None and not decided_again(recorded):
+            return recorded.budget_limit
         reader = self.registry.tool(tool_input.agent, declared.limit_from)
         context = _context(tool_input, 1)
         try:

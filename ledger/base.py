@@ -42,6 +42,17 @@ def require_text(value: str | None, action: str) -> str:
     return value.strip()
 
 
+def has_evidence(evidence: Any) -> bool:
+    """Something to go on: not null, not an empty object, list or blank text."""
+    if evidence is None:
+        return False
+    if isinstance(evidence, str):
+        return bool(evidence.strip())
+    if isinstance(evidence, dict | list):
+        return bool(evidence)
+    return True
+
+
 # Doors that act for an authenticated operator: the API itself, and the compensation workflow the
 # API starts for one (its input names the operator who asked).
 _OPERATOR_DOORS = frozenset({EventSource.API, EventSource.COMPENSATION})

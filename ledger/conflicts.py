@@ -3,7 +3,8 @@
 An operator said "failed", then the call's own attempt reports that it completed: the world and the
 ledger disagree. The decision stands (the run already acted on it), but the call is flagged: it is
 listed for operators, shown on the record, and the run's `OnceflowConflictKeys` search attribute
-names it. The flag stays open until an operator acknowledges it, saying what they did about it.
+names it. The flag stays open until an operator acknowledges it, saying what the world is
+(completed, failed or compensated) and how they know; that status is then final for the key.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from ledger import queries
-from ledger.base import LedgerBase, require_text, to_json
+from ledger.base import LedgerBase, has_evidence, require_text, to_json
 from ledger.errors import ConflictNotOpenError, RecordNotFoundError
 from ledger.records import ToolExecutionRecord, to_record
 from ledger.status import EventSource, Status
@@ -90,29 +91,44 @@ class ConflictFlags(LedgerBase):
         key: str,
         *,
         actor: str,
+        status: Status,
         reason: str,
         evidence: Any = None,
         source: EventSource = EventSource.API,
         tenant: str | None = None,
     ) -> ToolExecutionRecord:
-        """An operator has looked at the conflict and says what they did; the flag is cleared.
+        """An operator has looked at the conflict and says what the world is; the flag is cleared.
 
-        The decision itself is not changed: the run acted on it, and whatever put the world right
-        (a refund by hand, a compensation, a note to the customer) is what `reason` records.
-        Acknowledging again by the same operator (a retried request) returns the record unchanged.
+        `status` is what they found: `completed` (it took effect), `failed` (it did not) or
+        `compensated` (it took effect and was undone). With `evidence` (what they looked at) it is
+        recorded as the call's final status: the key is never reserved again, and budgets count the
+        call as that status says (a completed amount stays drawn). The same status as decided only
+        closes the flag. Acknowledging again with the same actor and status (a retried request)
+        returns the record unchanged.
         """
+        if status not in _ACKNOWLEDGED:
+            raise ValueError(
+                f"a conflict is acknowledged as completed, failed or compensated, not {status!r}"
+            )
         reason = require_text(reason, "acknowledging a conflict")
         actor = require_text(actor, "acknowledging a conflict (actor)")
+        if not has_evidence(evidence):
+            raise ValueError(
+                "acknowledging a conflict sets the call's final status: give evidence "
+                "(what you checked on the other side, e.g. a ticket, a query, a reference)"
+            )
         async with self.connection("acknowledge_conflict", key=key) as conn, conn.transaction():
             row = await conn.fetchrow(queries.SELECT_RECORD_FOR_UPDATE, key)
             if row is None or (tenant is not None and row["tenant"] != tenant):
                 raise RecordNotFoundError(key)
             current = to_record(row)
             if not current.has_conflict:
-                if current.conflict_cleared_by == actor:
+                if current.conflict_cleared_by == actor and current.status is status:
                     return current
                 raise ConflictNotOpenError(key, current.conflict_cleared_by)
-            updated = await conn.fetchrow(queries.ACKNOWLEDGE_CONFLICT, key, actor)
+            updated = await conn.fetchrow(
+                queries.ACKNOWLEDGE_CONFLICT, key, actor, status.value, reason, to_json(evidence)
+            )
             await self.insert_event(
                 conn,
                 key,
@@ -120,8 +136,13 @@ class ConflictFlags(LedgerBase):
                 kind="conflict_acknowledged",
                 source=source,
                 from_status=current.status,
+                to_status=status,
                 reason=reason,
                 evidence=evidence,
                 detail={"conflict_at": current.conflict_at.isoformat() if current.conflict_at else None},
             )
         return to_record(updated)
+
+
+# What an operator may say the world is, when they close a conflict.
+_ACKNOWLEDGED = frozenset({Status.COMPLETED, Status.FAILED, Status.COMPENSATED})

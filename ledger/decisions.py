@@ -1,4 +1,5 @@
-"""Decisions people (and reconcilers) make about calls: settle, approve, deny, escalate, compensated.
+"""Decisions people (and reconcilers) make about calls: settle, approve, deny, release, escalate,
+compensated.
 
 Each one locks the row, checks that the call is in a state that allows it, changes it and appends
 its event, all in one transaction. Of two people deciding at once, one wins; the other gets an error
@@ -12,7 +13,7 @@ from typing import Any
 import asyncpg
 
 from ledger import queries
-from ledger.base import require_text, to_json
+from ledger.base import has_evidence, require_text, to_json
 from ledger.conflicts import ConflictFlags, contradicts, same_report
 from ledger.errors import (
     AlreadySettledError,
@@ -37,17 +38,6 @@ def _same_settlement(
         and record.evidence == evidence
         and (status is not Status.COMPLETED or record.result == result)
     )
-
-
-def _has_evidence(evidence: Any) -> bool:
-    """Something to go on: not null, not an empty object, list or blank text."""
-    if evidence is None:
-        return False
-    if isinstance(evidence, str):
-        return bool(evidence.strip())
-    if isinstance(evidence, dict | list):
-        return bool(evidence)
-    return True
 
 
 class OperatorDecisions(ConflictFlags):
@@ -121,7 +111,7 @@ class OperatorDecisions(ConflictFlags):
                 status is Status.FAILED
                 and row["amount"] is not None
                 and source is not EventSource.RECONCILER
-                and not _has_evidence(evidence)
+                and not has_evidence(evidence)
             ):
                 raise EvidenceRequiredError(key, str(row["amount"]), row["entity"])
             if status is Status.COMPLETED:
@@ -273,6 +263,58 @@ class OperatorDecisions(ConflictFlags):
                 reason=reason,
             )
         return to_record(updated)
+
+    async def release(
+        self,
+        key: str,
+        *,
+        actor: str,
+        reason: str,
+        tenant: str | None = None,
+        source: EventSource = EventSource.API,
+    ) -> ToolExecutionRecord:
+        """Release a call that was never sent: `held`, or approved and not yet claimed by its run.
+
+        It becomes `failed` (`released`, final): it no longer holds its entity slot or budget
+        amount, its key is never reserved again, and its run, asking the ledger, is told it did not
+        take effect. Of two operators the first wins; the other gets `AlreadySettledError` naming
+        them. The same release again (same actor and reason) returns the record without an event.
+        An approval still awaited is denied, not released.
+        """
+        reason = require_text(reason, "releasing a call")
+        actor = require_text(actor, "releasing a call (actor)")
+        async with self.connection("release", key=key) as conn, conn.transaction():
+            row = await self._locked(conn, key, tenant)
+            current = Status(row["status"])
+            updated = await conn.fetchrow(queries.RELEASE, key, actor, reason)
+            if updated is None:
+                if row["failure_kind"] == FailureKind.RELEASED and (row["settled_by"], row["reason"]) == (
+                    actor,
+                    reason,
+                ):
+                    return to_record(row)
+                if current is Status.AWAITING_APPROVAL and row["approved_at"] is None:
+                    raise InvalidTransitionError(
+                        key, current.value, "release: it awaits approval; deny it instead"
+                    )
+                raise self._refuse(row, "release")
+            detail = (
+                {"held_by": row["held_by"]} if current is Status.HELD else {"approved_by": row["approved_by"]}
+            )
+            await self.insert_event(
+                conn,
+                key,
+                actor=actor,
+                kind="released",
+                source=source,
+                from_status=current,
+                to_status=Status.FAILED,
+                reason=reason,
+                detail=detail,
+            )
+            record = to_record(updated)
+            self.annotate(record, "released")
+        return record
 
     async def escalate(
         self,

@@ -30,6 +30,17 @@ _STANDING = {
 }
 
 
+def decided_again(record: ToolExecutionRecord) -> bool:
+    """Do the guards decide again when this recorded call is reserved once more? Held, or failed
+    without effect and open to a retry (not final, never in conflict). Any other row answers for
+    itself, and its budget limit is the one recorded on it."""
+    if record.status is Status.HELD:
+        return True
+    if record.status is not Status.FAILED or record.conflict_at is not None:
+        return False
+    return record.failure_kind is None or not record.failure_kind.is_final
+
+
 class GuardedReservations(LedgerBase):
     async def reserve_guarded(
         self,
@@ -111,12 +122,8 @@ class GuardedReservations(LedgerBase):
         """The answer for a recorded call, or None when the guards must decide again (held, or
         failed without effect and not final)."""
         status = existing.status
-        if status is Status.HELD:
+        if decided_again(existing):
             return None
-        if status is Status.FAILED and not existing.has_conflict:
-            kind = existing.failure_kind
-            if kind is None or not kind.is_final:
-                return None
         if status is Status.AWAITING_APPROVAL and existing.approved_at is not None:
             claimed = await conn.fetchrow(queries.CLAIM_APPROVED, existing.key, owner, payload.sha256, lease)
             assert claimed is not None  # the row is locked, approved and of this payload

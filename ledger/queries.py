@@ -22,10 +22,11 @@ WITH reserved AS (
             updated_at = clock_timestamp()
         WHERE t.status = 'failed' AND t.payload_sha256 = EXCLUDED.payload_sha256
           AND t.tenant = EXCLUDED.tenant
-          -- A refusal on policy grounds, or by a guard, is final for its key.
-          AND coalesce(t.failure_kind, '') NOT IN ('policy_refused', 'guard_refused')
-          -- A failed call whose owner says it completed is never sent again until an operator acted.
-          AND (t.conflict_at IS NULL OR t.conflict_cleared_at IS NOT NULL)
+          -- A refusal on policy grounds or by a guard, and a release, are final for their key.
+          AND coalesce(t.failure_kind, '') NOT IN ('policy_refused', 'guard_refused', 'released')
+          -- A call that was ever in conflict is never sent again: open, its owner says it took
+          -- effect; acknowledged, an operator set what the world is, for good.
+          AND t.conflict_at IS NULL
     RETURNING t.*, (xmax = 0) AS inserted
 ), logged AS (
     INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, detail)
@@ -168,8 +169,14 @@ SELECT * FROM tool_executions
 # (unresolved, or failed with an open conflict: its owner says it took effect). Reused results and
 # compensated calls draw nothing. A budget is kept per toolset's tool ($5, matched as in ENTITY_BUSY)
 # and per currency ($6; none is a currency of its own): amounts of two currencies are never summed.
+# Purged completed calls still count (budget_purged_usage, migration 0008, keyed the same way): a
+# budget is the entity's whole history, and retention never refills it.
 ENTITY_BUDGET_USED = """
-SELECT coalesce(sum(amount) FILTER (WHERE status = 'completed'), 0) AS completed,
+SELECT coalesce(sum(amount) FILTER (WHERE status = 'completed'), 0)
+         + coalesce((SELECT sum(completed) FROM budget_purged_usage
+                      WHERE tenant = $1 AND tool_name = $2 AND entity = $3
+                        AND (toolset = '' OR $5::text IS NULL OR toolset = $5)
+                        AND currency = coalesce($6::text, '')), 0) AS completed,
        coalesce(sum(amount) FILTER (WHERE status <> 'completed'), 0) AS unresolved
   FROM tool_executions
  WHERE tenant = $1 AND tool_name = $2 AND entity = $3 AND key <> $4
@@ -270,6 +277,17 @@ WITH claimed AS (
 SELECT * FROM claimed
 """
 
+# An operator releases a call that was never sent: held, or approved and not yet claimed. It is
+# settled failed (`released`, final), so it holds no entity slot or budget amount any more.
+RELEASE = """
+UPDATE tool_executions
+   SET status = 'failed', failure_kind = 'released', held_by = NULL, lease_expires_at = NULL,
+       settled_at = clock_timestamp(), settled_by = $2, reason = $3, updated_at = clock_timestamp()
+ WHERE key = $1
+   AND (status = 'held' OR (status = 'awaiting_approval' AND approved_at IS NOT NULL))
+RETURNING *
+"""
+
 ESCALATE = """
 UPDATE tool_executions
    SET escalated_to = $2, escalated_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -303,9 +321,22 @@ UPDATE tool_executions
 RETURNING *
 """
 
+# The operator says what the world is ($3: completed, failed or compensated). The same status as
+# decided only closes the flag; another one is a new settlement by the operator, with their evidence.
+# A failure so set is `not_applied`; a completion keeps the result the late report carried, if any.
+# Either way the row is final: RESERVE never takes a row that was in conflict.
 ACKNOWLEDGE_CONFLICT = """
 UPDATE tool_executions
-   SET conflict_cleared_at = clock_timestamp(), conflict_cleared_by = $2, updated_at = clock_timestamp()
+   SET conflict_cleared_at = clock_timestamp(), conflict_cleared_by = $2,
+       status = $3,
+       failure_kind = CASE WHEN $3 = 'failed' THEN coalesce(failure_kind, 'not_applied') END,
+       error = CASE WHEN $3 = 'failed' THEN error END,
+       result = CASE WHEN $3 <> 'failed' THEN coalesce(result, conflict_detail -> 'result') END,
+       settled_at = CASE WHEN status = $3 THEN settled_at ELSE clock_timestamp() END,
+       settled_by = CASE WHEN status = $3 THEN settled_by ELSE $2 END,
+       reason = CASE WHEN status = $3 THEN reason ELSE $4 END,
+       evidence = CASE WHEN status = $3 THEN evidence ELSE $5::jsonb END,
+       updated_at = clock_timestamp()
  WHERE key = $1 AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL
 RETURNING *
 """

@@ -48,11 +48,16 @@ class FailureKind(StrEnum):
     # Final: never re-reserved under the key, and the model is told not to try again.
     POLICY_REFUSED = "policy_refused"  # the other system refused on policy grounds (a limit, a rule)
     GUARD_REFUSED = "guard_refused"  # a guard of the ledger refused before anything was sent
+    RELEASED = "released"  # an operator released a held or approved call that was never sent
 
     @property
     def is_final(self) -> bool:
         """A refusal that stands: the same call is not worth sending again."""
-        return self in (FailureKind.POLICY_REFUSED, FailureKind.GUARD_REFUSED)
+        return self in _FINAL_KINDS
+
+
+# Never re-reserved under the key. RESERVE in ledger/queries.py lists the same kinds.
+_FINAL_KINDS = frozenset({FailureKind.POLICY_REFUSED, FailureKind.GUARD_REFUSED, FailureKind.RELEASED})
 
 
 class EventSource(StrEnum):

@@ -188,10 +188,10 @@ class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends):
                     record = to_record(claimed)
                     self.annotate(record, Reservation.NEW)
                     return ReserveResult(outcome=Reservation.NEW, record=record)
-                # A failed call in open conflict (its owner says it took effect) is not re-sent, and
-                # neither is a final refusal.
+                # A failed call that was ever in conflict is not re-sent (open: its owner says it
+                # took effect; acknowledged: an operator set its final status), nor a final refusal.
                 final = record.failure_kind is not None and record.failure_kind.is_final
-                if record.status is not Status.FAILED or record.has_conflict or final:
+                if record.status is not Status.FAILED or record.conflict_at is not None or final:
                     outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
                     self.annotate(record, outcome)
                     return ReserveResult(outcome=outcome, record=record)

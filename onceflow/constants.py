@@ -56,6 +56,9 @@ RESERVE_BACKOFF_MAX = timedelta(seconds=30)
 
 # ApplicationError types the write activity raises; the workflow tells them apart by these.
 ERR_LEDGER_UNAVAILABLE = "LedgerUnavailable"  # before sending: safe to try the reservation again
+# A recorded call (held, or failed and retryable) whose `limit_from` read failed: nothing was sent,
+# the row stands, and the workflow asks again as for ERR_LEDGER_UNAVAILABLE.
+ERR_BUDGET_LIMIT_UNAVAILABLE = "BudgetLimitUnavailable"
 ERR_OUTCOME_NOT_RECORDED = "OutcomeNotRecorded"  # sent and answered, but the ledger write failed
 ERR_PAYLOAD_MISMATCH = "PayloadMismatch"
 ERR_TENANT_MISMATCH = "TenantMismatch"  # the key is recorded for another tenant

@@ -1,4 +1,5 @@
-"""`onceflow executions`: find tool calls nobody can vouch for, and settle, approve, deny or undo them.
+"""`onceflow executions`: find tool calls nobody can vouch for, and settle, approve, deny, release or
+undo them.
 
 Everything goes through the operator HTTP API, never to the database: the API checks the token,
 scopes every key to the token's tenant and records the operator on each decision.
@@ -79,6 +80,12 @@ _TOKEN_HINT = (
 class Settlement(StrEnum):
     completed = "completed"
     failed = "failed"
+
+
+class Acknowledged(StrEnum):
+    completed = "completed"
+    failed = "failed"
+    compensated = "compensated"
 
 
 def _fail(code: ExitCode, message: str) -> NoReturn:
@@ -465,21 +472,43 @@ def deny(
     typer.echo(json.dumps(answer) if as_json else _decided(answer, "denied"))
 
 
-@executions_app.command("acknowledge-conflict", epilog=EXIT_CODES_HELP)
-def acknowledge_conflict(
-    key: Annotated[str, typer.Argument(help="`<run_id>:<tool_call_id>` of a call in conflict.")],
-    reason: Annotated[str, typer.Option("--reason", help="What you did about it; recorded with your id.")],
-    evidence: Annotated[str | None, typer.Option(help="JSON object: ticket, refund, reference.")] = None,
+@executions_app.command(epilog=EXIT_CODES_HELP)
+def release(
+    key: Annotated[str, typer.Argument(help="`<run_id>:<tool_call_id>`: held, or approved and not sent.")],
+    reason: Reason,
     as_json: AsJson = False,
     api: Api = DEFAULT_API,
     token: Token = None,
 ) -> None:
-    """Close a conflict (a late outcome contradicted the decision). The decision itself stands."""
-    body: dict[str, Any] = {"reason": reason}
+    """Release a call that was never sent (held, or approved and not yet claimed by its run).
+
+    It is settled failed (`released`, final): its entity slot and budget amount are freed and its
+    run is told it did not take effect. Of two operators, the first wins (exit 4).
+    """
+    answer = _Api(api, token).decide(key, "release", {"reason": reason})
+    typer.echo(json.dumps(answer) if as_json else _decided(answer, "released"))
+
+
+@executions_app.command("acknowledge-conflict", epilog=EXIT_CODES_HELP)
+def acknowledge_conflict(
+    key: Annotated[str, typer.Argument(help="`<run_id>:<tool_call_id>` of a call in conflict.")],
+    status: Annotated[
+        Acknowledged,
+        typer.Option(help="What the world is: it took effect, it did not, or it was undone. Final."),
+    ],
+    reason: Annotated[str, typer.Option("--reason", help="What you did about it; recorded with your id.")],
+    evidence: Annotated[str, typer.Option(help="JSON object: what you checked (ticket, refund, reference).")],
+    as_json: AsJson = False,
+    api: Api = DEFAULT_API,
+    token: Token = None,
+) -> None:
+    """Close a conflict (a late outcome contradicted the decision) by setting the call's final status.
+
+    The key is never sent again, and budgets count the call as the status says.
+    """
     found = _json_object(evidence, "--evidence")
-    if found is not None:
-        if not isinstance(found, dict):
-            raise typer.BadParameter("must be a JSON object", param_hint="--evidence")
-        body["evidence"] = found
+    if not isinstance(found, dict) or not found:
+        raise typer.BadParameter("must be a non-empty JSON object", param_hint="--evidence")
+    body: dict[str, Any] = {"status": status.value, "reason": reason, "evidence": found}
     answer = _Api(api, token).decide(key, "acknowledge-conflict", body)
     typer.echo(json.dumps(answer) if as_json else _decided(answer, "conflict acknowledged"))

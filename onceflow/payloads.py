@@ -239,13 +239,17 @@ class ToolOutcome(_Frozen):
         # A read refused on policy grounds is final too (status "error": reads have no ledger row).
         refused = self.status is Status.FAILED or self.status == "error"
         if refused and self.failure_kind is not None and self.failure_kind.is_final:
+            released = self.failure_kind is FailureKind.RELEASED
             return {
                 "ok": False,
                 "took_effect": False,
                 "reason": self.failure_kind,
                 "final": True,
                 "error": self.error,
-                "note": "refused, and final: do not make this call again",
+                "note": "released by an operator before it was sent: it did not take effect, and "
+                "this call will not be sent"
+                if released
+                else "refused, and final: do not make this call again",
             }
         if self.status is Status.COMPENSATED:
             return {"ok": False, "took_effect": True, "compensated": True, "result": self.value}

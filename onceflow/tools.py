@@ -96,7 +96,8 @@ class Guards:
     - amount, limit | limit_from: a budget per entity. The call is reserved only if completed plus
       unresolved amounts stay within the limit: a number, or what `limit_from` (a read tool of the
       same agent, called with the entity argument alone) returns: a number, or {"limit": number}.
-      The limit is the entity's total (an order's captured amount), not what is left of it.
+      The limit is the entity's total over its whole life (an order's captured amount), not what is
+      left of it; the ledger subtracts what it recorded, purged calls included.
       Slots and budgets belong to this toolset's tool: another toolset's tool of the same name has
       its own.
     - currency: the argument carrying the amount's currency (e.g. "currency"). Each currency is a

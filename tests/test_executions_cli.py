@@ -298,8 +298,23 @@ async def test_list_and_show_mark_a_conflict_and_acknowledge_closes_it(operator_
     assert "reconciler (reconciler) reports completed; operator:alice decided failed" in shown.out
     assert "SOURCE" in shown.out and "outcome_conflict" in shown.out
 
-    done = await cli(operator_api, "acknowledge-conflict", key, "--reason", "voided by hand", token=token)
+    # The final status and evidence are required.
+    bare = await cli(operator_api, "acknowledge-conflict", key, "--reason", "voided by hand", token=token)
+    assert bare.code == 2 and "--status" in bare.err
+    done = await cli(
+        operator_api,
+        "acknowledge-conflict",
+        key,
+        "--status",
+        "completed",
+        "--reason",
+        "the credit is in billing after all",
+        "--evidence",
+        '{"credit": "cr_9"}',
+        token=token,
+    )
     assert done.code == 0, done.err
-    assert "conflict acknowledged: now failed" in done.out
+    assert "conflict acknowledged: now completed" in done.out
+    assert (await operator_api.ledger.get(key)).status is Status.COMPLETED
     again = await cli(operator_api, "list", "--conflicts", token=token)
     assert again.out.strip() == "no unresolved calls"

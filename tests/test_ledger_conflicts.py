@@ -125,17 +125,31 @@ async def test_acknowledging_closes_the_conflict_and_leaves_the_decision(ledger:
     await ledger.record_late_outcome(key, actor="reconciler", status=Status.COMPLETED)
 
     with pytest.raises(ValueError, match="reason"):
-        await ledger.acknowledge_conflict(key, actor="operator:bob", reason=" ")
+        await ledger.acknowledge_conflict(
+            key, actor="operator:bob", status=Status.FAILED, reason=" ", evidence={"ticket": "OPS-7"}
+        )
     acknowledged = await ledger.acknowledge_conflict(
-        key, actor="operator:bob", reason="voided the credit by hand", evidence={"ticket": "OPS-7"}
+        key,
+        actor="operator:bob",
+        status=Status.FAILED,
+        reason="voided the credit by hand",
+        evidence={"ticket": "OPS-7"},
     )
-    retried = await ledger.acknowledge_conflict(key, actor="operator:bob", reason="voided the credit by hand")
+    retried = await ledger.acknowledge_conflict(
+        key,
+        actor="operator:bob",
+        status=Status.FAILED,
+        reason="voided the credit by hand",
+        evidence={"ticket": "OPS-7"},
+    )
 
     assert (acknowledged.status, acknowledged.settled_by) == (Status.FAILED, "operator:alice")
     assert not acknowledged.has_conflict and acknowledged.conflict_cleared_by == "operator:bob"
     assert retried == acknowledged
     with pytest.raises(ConflictNotOpenError, match="operator:bob"):
-        await ledger.acknowledge_conflict(key, actor="operator:carol", reason="me too")
+        await ledger.acknowledge_conflict(
+            key, actor="operator:carol", status=Status.FAILED, reason="me too", evidence={"t": 1}
+        )
     events = (await ledger.get(key)).events
     assert [e.kind for e in events].count("conflict_acknowledged") == 1
     assert events[-1].evidence == {"ticket": "OPS-7"} and events[-1].source is EventSource.API
@@ -144,10 +158,12 @@ async def test_acknowledging_closes_the_conflict_and_leaves_the_decision(ledger:
 async def test_acknowledging_a_call_without_a_conflict_is_refused(ledger: Ledger) -> None:
     key = await indeterminate(ledger)
     with pytest.raises(ConflictNotOpenError, match="none was flagged"):
-        await ledger.acknowledge_conflict(key, actor="operator:bob", reason="looks fine")
+        await ledger.acknowledge_conflict(
+            key, actor="operator:bob", status=Status.FAILED, reason="looks fine", evidence={"t": 1}
+        )
 
 
-async def test_a_failed_call_in_open_conflict_is_not_sent_again_until_acknowledged(ledger: Ledger) -> None:
+async def test_a_failed_call_in_conflict_is_not_sent_again_open_or_acknowledged(ledger: Ledger) -> None:
     call = CallIdentity(tenant="t1", run_id=f"run-{uuid.uuid4().hex[:8]}", tool_call_id="call-1")
 
     async def reserve(owner: str) -> Reservation:
@@ -161,12 +177,19 @@ async def test_a_failed_call_in_open_conflict_is_not_sent_again_until_acknowledg
     await ledger.settle(call.key, status=Status.FAILED, actor="operator:alice", reason="not in billing")
     await ledger.record_late_outcome(call.key, actor="reconciler", status=Status.COMPLETED)
 
-    # `failed` may normally run again; not while its owner's hook says it took effect.
+    # `failed` may normally run again; not while its owner's hook says it took effect, and not
+    # once an operator has said what the world is: that status is final for the key.
     assert await reserve("worker-2") is Reservation.SETTLED
-    await ledger.acknowledge_conflict(call.key, actor="operator:bob", reason="checked: it did not")
-    assert await reserve("worker-3") is Reservation.RETRY
+    await ledger.acknowledge_conflict(
+        call.key,
+        actor="operator:bob",
+        status=Status.FAILED,
+        reason="checked: it did not",
+        evidence={"billing": "no credit"},
+    )
+    assert await reserve("worker-3") is Reservation.SETTLED
     record = await ledger.find(call.key)
-    assert record is not None and record.conflict_at is None and record.attempt == 2
+    assert record is not None and record.conflict_cleared_by == "operator:bob" and record.attempt == 1
 
 
 async def test_conflicts_are_listed_beside_unresolved_calls_and_alone(ledger: Ledger) -> None:

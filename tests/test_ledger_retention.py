@@ -101,7 +101,13 @@ async def test_an_acknowledged_conflict_ages_out_from_its_acknowledgement(
     await ledger.mark_indeterminate(key, actor="inspector", reason="timed out")
     await ledger.settle(key, status=Status.FAILED, actor="operator:alice", reason="not seen")
     await ledger.record_late_outcome(key, actor="reconciler", status=Status.COMPLETED)
-    await ledger.acknowledge_conflict(key, actor="operator:bob", reason="checked by hand")
+    await ledger.acknowledge_conflict(
+        key,
+        actor="operator:bob",
+        status=Status.FAILED,
+        reason="checked by hand",
+        evidence={"billing": "none"},
+    )
     await age(database_url, key)
 
     assert (await purge_settled(ledger, older_than=timedelta(days=90))).calls == 1

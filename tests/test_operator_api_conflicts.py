@@ -87,16 +87,23 @@ async def test_acknowledging_a_conflict_keeps_the_decision_and_clears_the_runs_a
         await operator_api.as_operator(tenant="globex") as globex,
     ):
         path = f"/v1/tool-executions/{key}/acknowledge-conflict"
+        acknowledged = {"status": "failed", "reason": "voided by hand", "evidence": {"ticket": "OPS-3"}}
         assert (await bob.post(path, json={})).status_code == 400
-        assert (await globex.post(path, json={"reason": "mine"})).status_code == 404
-        answer = await bob.post(path, json={"reason": "voided by hand", "evidence": {"ticket": "OPS-3"}})
+        # What the world is, and evidence, are required: the status is final for the key.
+        for partial in ("status", "evidence"):
+            body = {k: v for k, v in acknowledged.items() if k != partial}
+            assert (await bob.post(path, json=body)).status_code == 400, partial
+        assert (await bob.post(path, json={**acknowledged, "evidence": {}})).status_code == 400
+        assert (await bob.post(path, json={**acknowledged, "status": "held"})).status_code == 400
+        assert (await globex.post(path, json=acknowledged)).status_code == 404
+        answer = await bob.post(path, json=acknowledged)
         assert answer.status_code == 200, answer.text
         assert answer.json()["run_signalled"] is True
         view = answer.json()["execution"]
         assert (view["status"], view["settled_by"]) == ("failed", "operator:alice")
         assert view["conflict"]["open"] is False and view["conflict"]["acknowledged_by"] == "operator:bob"
-        assert (await bob.post(path, json={"reason": "voided by hand"})).status_code == 200
-        late = await carol.post(path, json={"reason": "me too"})
+        assert (await bob.post(path, json=acknowledged)).status_code == 200
+        late = await carol.post(path, json={**acknowledged, "reason": "me too"})
         assert late.status_code == 409 and late.json()["decided_by"] == "operator:bob"
         listed = (await bob.get("/v1/tool-executions", params={"conflict": "true"})).json()["items"]
         assert listed == []

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from ledger.status import SETTLED, Status
     from onceflow.constants import (
         ACTIVITY_MARGIN,
+        ERR_BUDGET_LIMIT_UNAVAILABLE,
         ERR_CALL_INDETERMINATE,
         ERR_LEDGER_UNAVAILABLE,
         ERR_OUTCOME_NOT_RECORDED,
@@ -138,9 +139,11 @@ class WriteCalls:
             except ActivityError as err:
                 cause = err.cause
                 kind = cause.type if isinstance(cause, ApplicationError) else None
-                if kind == ERR_LEDGER_UNAVAILABLE:
-                    # Nothing was sent. Retry the reservation, never the tool.
-                    workflow.set_current_details(f"ledger unavailable; will reserve {ref.key} again")
+                if kind in (ERR_LEDGER_UNAVAILABLE, ERR_BUDGET_LIMIT_UNAVAILABLE):
+                    # Nothing was sent. Retry the reservation, never the tool; a recorded call whose
+                    # budget limit could not be read stays as the ledger has it meanwhile.
+                    what = "ledger" if kind == ERR_LEDGER_UNAVAILABLE else "budget limit"
+                    workflow.set_current_details(f"{what} unavailable; will reserve {ref.key} again")
                     await workflow.sleep(backoff)
                     backoff = min(backoff * 2, RESERVE_BACKOFF_MAX)
                     continue

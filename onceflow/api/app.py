@@ -1,4 +1,5 @@
-"""The operator API: find unknown calls, settle them, approve or deny, ask for compensation.
+"""The operator API: find unknown calls, settle them, approve or deny, release a call that was never
+sent, close a conflict, ask for compensation.
 
 Every route is scoped to the tenant of the caller's token. Another tenant's key answers exactly as a
 key that does not exist. The ledger decides every change (compare-and-set); the API then tells the
@@ -370,6 +371,22 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             ),
         )
 
+    @app.post("/v1/tool-executions/{key}/release", response_model=DecisionResponse, dependencies=JSON)
+    async def release(key: Key, body: ReasonRequest, operator: Operator) -> DecisionResponse:
+        """Release a call that was never sent: held, or approved and not yet claimed by its run.
+
+        It is settled failed (`released`, final): it frees its entity slot and budget amount, and
+        its run is told it did not take effect. Of two operators, the first wins (409 naming them).
+        A call still awaiting approval is denied instead (409).
+        """
+        return await decide(
+            key,
+            operator,
+            lambda checked, actor: ledger.release(
+                checked, actor=actor, reason=body.reason, tenant=operator.tenant, source=EventSource.API
+            ),
+        )
+
     @app.post("/v1/tool-executions/{key}/nudge", response_model=DecisionResponse)
     async def nudge(key: Key, operator: Operator) -> DecisionResponse:
         """Ask the workflow waiting on this call to read the ledger now. Decides nothing: for a run
@@ -389,15 +406,18 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
     async def acknowledge_conflict(
         key: Key, body: AcknowledgeRequest, operator: Operator
     ) -> DecisionResponse:
-        """Say what you did about a conflict. The decision stands; the conflict is closed.
+        """Close a conflict by saying what the world is (`status`), with `evidence`.
 
-        The run's `OnceflowConflictKeys` search attribute drops the key (if the run is still open).
+        The status is final for the key: it is never sent again, and its budget counts it as the
+        status says (a completed amount stays drawn). The same status as decided only closes the
+        flag. The run's `OnceflowConflictKeys` search attribute drops the key (if the run is open).
         """
         actor = f"operator:{operator.operator}"
         try:
             record = await ledger.acknowledge_conflict(
                 _check_key(key),
                 actor=actor,
+                status=Status(body.status),
                 reason=body.reason,
                 evidence=body.evidence,
                 tenant=operator.tenant,

@@ -61,10 +61,19 @@ class ReasonRequest(_Request):
 
 
 class AcknowledgeRequest(_Request):
-    """What you did about a conflict (refunded by hand, compensated, told the customer...)."""
+    """What the world is after a conflict, how you know, and what you did about it. The status is
+    final for the key: it is never sent again, and budgets count it as this status says."""
 
+    status: Literal["completed", "failed", "compensated"] = Field(
+        description="completed: it took effect; failed: it did not; compensated: it took effect "
+        "and was undone."
+    )
     reason: Reason
-    evidence: dict[str, Any] | None = Field(None, description="Any JSON object; no NUL in its text.")
+    evidence: dict[str, Any] = Field(
+        description="What you checked on the other side (a ticket, a query, a reference): a "
+        "non-empty JSON object; no NUL in its text.",
+        min_length=1,
+    )
 
     @field_validator("evidence")
     @classmethod

@@ -32,6 +32,8 @@ class Downstream:
     # Per account: "ok", "hang_after_apply", "reject", "locked"
     modes: dict[str, str] = field(default_factory=dict)
     read_failures_left: int = 0
+    limit_failures_left: int = 0  # order_refundable fails this many times before it answers
+    limit_reads: int = 0
     read_attempts: int = 0
     send_attempts: int = 0
     reconcile_calls: int = 0
@@ -156,6 +158,10 @@ REFUNDABLE_CENTS = 1250
 @toolset.tool(read(timeout=timedelta(seconds=2)))
 async def order_refundable(order_id: str) -> dict[str, Any]:
     """How much an order may be refunded in total."""
+    DOWNSTREAM.limit_reads += 1
+    if DOWNSTREAM.limit_failures_left > 0:
+        DOWNSTREAM.limit_failures_left -= 1
+        raise ConnectionError("transient: the order service is unreachable")
     return {"order_id": order_id, "limit": REFUNDABLE_CENTS}
 
 
@@ -174,6 +180,15 @@ async def refund_order(order_id: str, amount_cents: int, context: ToolContext) -
 )
 async def refund_order_strict(order_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
     """Refund an order; refused while another refund of it is unresolved."""
+    return await DOWNSTREAM.credit(f"acct_{order_id}", amount_cents, context.idempotency_key)
+
+
+@toolset.tool(
+    external(timeout=timedelta(seconds=1), approval=True),
+    guards=Guards(entity="order_id", amount="amount_cents", limit_from="order_refundable"),
+)
+async def refund_order_approved(order_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Refund an order once an operator approved it, within what the order may be refunded."""
     return await DOWNSTREAM.credit(f"acct_{order_id}", amount_cents, context.idempotency_key)
 
 

@@ -26,6 +26,7 @@ from ledger import (
     Status,
     TenantMismatchError,
 )
+from onceflow import metrics
 from onceflow.agents import AgentRegistry
 from onceflow.constants import (
     ACTIVITY_MARGIN,
@@ -220,6 +221,7 @@ class ToolActivities:
             )
         context = _context(tool_input, reservation.record.attempt)
         outcome = await self._send(tool, arguments, context, owner)
+        metrics.record_send(tool.name, outcome.status)
         too_large = outcome.status == "completed" and _oversized(outcome.value, self._result_cap(tool_input))
         if too_large:
             # It took effect; only the answer is dropped. The ledger and the model say so.

@@ -24,9 +24,7 @@ async def queue_figures(ledger: LedgerBase, deadlines: dict[str, float], default
     """`deadlines`: each agent's reconcile deadline in seconds; `default` for an agent not named."""
     agents = sorted(deadlines)
     async with ledger.connection("queue_figures") as conn:
-        rows = await conn.fetch(
-            queries.QUEUE_FIGURES, agents, [deadlines[a] for a in agents], default
-        )
+        rows = await conn.fetch(queries.QUEUE_FIGURES, agents, [deadlines[a] for a in agents], default)
     return [
         QueueFigure(
             tenant=row["tenant"],

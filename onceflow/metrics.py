@@ -300,7 +300,7 @@ def configure_metrics(service_name: str, *, serve_prometheus: bool) -> Collector
         name = os.environ.get("OTEL_SERVICE_NAME", service_name)
         resource = Resource.create({"service.name": name})
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
-    _configured = True
+        _configured = True  # nothing asked for yet: a later call (the API's) may still configure
     return _registry
 
 
@@ -395,4 +395,3 @@ def mount(app: FastAPI, *, ledger: Ledger, registry: AgentRegistry) -> None:
         # In a thread: the gauges' callbacks wait for their query to run on this loop.
         body = await asyncio.to_thread(generate_latest, prometheus)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
-

@@ -12,8 +12,8 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributeKey, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.runtime import Runtime
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.runtime import Runtime
 
 from onceflow.config import Settings
 from onceflow.constants import SEARCH_ATTRIBUTES

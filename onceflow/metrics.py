@@ -181,9 +181,12 @@ class QueueGauges:
                 return []
             if time.monotonic() - self._read_at < self._FRESH:
                 return self._figures
-            reading = asyncio.run_coroutine_threadsafe(
-                queue_figures(self._ledger, self._deadlines, self._default_deadline), self._loop
-            )
+            query = queue_figures(self._ledger, self._deadlines, self._default_deadline)
+            try:
+                reading = asyncio.run_coroutine_threadsafe(query, self._loop)
+            except RuntimeError:  # the loop is closed: the process is stopping
+                query.close()
+                return []
             try:
                 self._figures = reading.result(timeout=10)
             except Exception as exc:  # the ledger away: no figures rather than stale ones

@@ -123,11 +123,12 @@ def record_escalation(record: ToolExecutionRecord) -> None:
 def record_settled(
     record: ToolExecutionRecord, from_status: Status, source: EventSource, since: datetime | None
 ) -> None:
-    """`record` was just settled from `from_status`, which it had been in since `since`."""
-    if since is None or record.settled_at is None:
+    """`record` was just settled from `from_status`, which it had been in since `since` (None: no
+    event says when it got there, so since it was written)."""
+    if record.settled_at is None:
         return
     UNRESOLVED_DURATION.record(
-        max((record.settled_at - since).total_seconds(), 0.0),
+        max((record.settled_at - (since or record.created_at)).total_seconds(), 0.0),
         {
             "tool": record.tool_name,
             "from_status": from_status.value,

@@ -9,7 +9,16 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ledger import CallIdentity, EventSource, Ledger, OutcomeIgnoredError, SideEffect, Status
+from ledger import (
+    CallIdentity,
+    EventSource,
+    Guard,
+    Ledger,
+    OutcomeIgnoredError,
+    Reservation,
+    SideEffect,
+    Status,
+)
 from ledger.queue import queue_figures
 from onceflow import metrics
 
@@ -121,3 +130,40 @@ async def test_queue_figures_count_unresolved_overdue_and_conflicts_per_tenant_a
 
     # An agent nobody configured gets the default deadline.
     assert all(f.overdue == 0 for f in await queue_figures(ledger, {}, default=3600.0))
+
+
+async def test_a_held_call_released_as_a_reuse_is_settled_by_the_guard(
+    ledger: Ledger, registry: CollectorRegistry
+) -> None:
+    tool = f"tool_{uuid.uuid4().hex[:6]}"
+    run = f"run-{uuid.uuid4().hex[:8]}"
+
+    async def reserve(call_id: str) -> Reservation:
+        result = await ledger.reserve(
+            CallIdentity(tenant="t1", run_id=run, tool_call_id=call_id),
+            tool_name=tool,
+            side_effect=SideEffect.EXTERNAL,
+            arguments=ARGUMENTS,
+            owner=f"owner-{call_id}",
+            guard=Guard(intent="reuse"),
+        )
+        return result.outcome
+
+    assert await reserve("c1") is Reservation.NEW
+    await ledger.mark_indeterminate(f"{run}:c1", actor="inspector", reason="timed out")
+    assert await reserve("c2") is Reservation.HELD
+    assert await reserve("c2") is Reservation.HELD  # still waiting: no second verdict
+    await ledger.settle(
+        f"{run}:c1",
+        status=Status.COMPLETED,
+        actor="reconciler",
+        reason="found",
+        source=EventSource.RECONCILER,
+    )
+    assert await reserve("c2") is Reservation.REUSED
+
+    assert value(registry, "onceflow_guard_verdict_total", tool=tool, verdict="hold") == 1
+    assert value(registry, "onceflow_guard_verdict_total", tool=tool, verdict="reuse") == 1
+    settled = "onceflow_call_unresolved_duration_seconds_count"
+    assert value(registry, settled, tool=tool, settled_by="guard", from_status="held") == 1
+    assert value(registry, settled, tool=tool, settled_by="hook", from_status="indeterminate") == 1

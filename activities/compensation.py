@@ -12,6 +12,7 @@ from temporalio.exceptions import ApplicationError
 from activities.outcomes import outcome_from_record, owner_token
 from activities.tools import record_outcome, send_once
 from ledger import CallIdentity, EventSource, Ledger, LedgerUnavailableError, Status, ToolExecutionRecord
+from onceflow import metrics
 from onceflow.agents import AgentRegistry
 from onceflow.constants import ACTIVITY_MARGIN, ERR_LEDGER_UNAVAILABLE, ERR_NO_COMPENSATION
 from onceflow.payloads import CompensationInput, CompensationPlan, ToolOutcome
@@ -99,6 +100,7 @@ class CompensationActivities:
             context=context,
             owner=owner,
         )
+        metrics.record_send(hook.__name__, outcome.status)
         return await record_outcome(self.ledger, outcome)
 
     @activity.defn(name="finish_compensation")

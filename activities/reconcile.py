@@ -30,6 +30,7 @@ from ledger import (
     Status,
     ToolExecutionRecord,
 )
+from onceflow import metrics
 from onceflow.agents import AgentRegistry
 from onceflow.constants import ACTIVITY_MARGIN
 from onceflow.payloads import OwnerOutcome, ReconcileInput, ToolOutcome
@@ -114,6 +115,7 @@ class ReconcileActivities:
             context=context,
             owner=RECONCILER,
         )
+        metrics.record_send(tool.name, sent.status, resend=True)
         return await self._settle_resend(tool, decision, sent)
 
     async def _settle_resend(self, tool: Tool, decision: ResendDecision, sent: OwnerOutcome) -> ToolOutcome:

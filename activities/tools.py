@@ -28,6 +28,7 @@ from ledger import (
     ToolExecutionRecord,
 )
 from ledger.guarded import decided_again
+from onceflow import metrics
 from onceflow.agents import AgentRegistry
 from onceflow.constants import (
     ACTIVITY_MARGIN,
@@ -249,6 +250,7 @@ class ToolActivities:
             )
         context = _context(tool_input, reservation.record.attempt)
         outcome = await self._send(tool, arguments, context, owner)
+        metrics.record_send(tool.name, outcome.status)
         too_large = outcome.status == "completed" and _oversized(outcome.value, self._result_cap(tool_input))
         if too_large:
             # It took effect; only the answer is dropped. The ledger and the model say so.

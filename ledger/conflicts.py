@@ -18,6 +18,7 @@ from ledger.base import LedgerBase, has_evidence, require_text, to_json
 from ledger.errors import ConflictNotOpenError, RecordNotFoundError
 from ledger.records import ToolExecutionRecord, to_record
 from ledger.status import EventSource, Status
+from onceflow import metrics
 
 # Settled states that say the call took effect. A "completed" report contradicts every other one.
 _TOOK_EFFECT = frozenset({Status.COMPLETED, Status.COMPENSATED})
@@ -84,6 +85,7 @@ class ConflictFlags(LedgerBase):
         )
         record = to_record(updated)
         self.annotate(record, "outcome_conflict")
+        metrics.record_conflict(record, source)
         return record
 
     async def acknowledge_conflict(

@@ -24,6 +24,7 @@ from ledger.errors import (
 )
 from ledger.records import ToolExecutionRecord, to_record
 from ledger.status import EventSource, FailureKind, Status
+from onceflow import metrics
 
 
 def _same_settlement(
@@ -150,6 +151,8 @@ class OperatorDecisions(ConflictFlags):
             )
             record = to_record(updated)
             self.annotate(record)
+            since = await conn.fetchval(queries.ENTERED_STATUS_AT, key, current.value)
+        metrics.record_settled(record, current, source, since)
         return record
 
     async def record_late_outcome(
@@ -262,7 +265,10 @@ class OperatorDecisions(ConflictFlags):
                 to_status=Status.DENIED,
                 reason=reason,
             )
-        return to_record(updated)
+            since = await conn.fetchval(queries.ENTERED_STATUS_AT, key, Status.AWAITING_APPROVAL.value)
+        record = to_record(updated)
+        metrics.record_settled(record, Status.AWAITING_APPROVAL, source, since)
+        return record
 
     async def release(
         self,
@@ -341,7 +347,9 @@ class OperatorDecisions(ConflictFlags):
                 reason=reason,
                 detail={"owner": owner},
             )
-        return to_record(updated)
+        record = to_record(updated)
+        metrics.record_escalation(record)
+        return record
 
     async def mark_compensated(
         self,

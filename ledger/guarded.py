@@ -18,6 +18,7 @@ from ledger.errors import LedgerUnavailableError, PayloadMismatchError, TenantMi
 from ledger.guards import GUARD_ACTOR, Candidate, Guard, Verdict, decide, take_locks
 from ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
 from ledger.status import EventSource, FailureKind, SideEffect, Status
+from onceflow import metrics
 
 _ROUNDS = 3
 
@@ -136,6 +137,7 @@ class GuardedReservations(LedgerBase):
         if status is Status.FAILED and existing.failure_kind is FailureKind.GUARD_REFUSED:
             outcome = Reservation.REFUSED
         self.annotate(existing, outcome)
+        metrics.record_replay(existing)
         return ReserveResult(outcome=outcome, record=existing)
 
     async def _write(
@@ -223,6 +225,10 @@ class GuardedReservations(LedgerBase):
             detail=detail,
         )
         self.annotate(record, outcome)
+        if verdict.action != "proceed":
+            metrics.record_guard_verdict(record.tool_name, verdict.action)
+        if existing is not None and existing.status is Status.HELD and settled:
+            metrics.record_settled(record, Status.HELD, EventSource.GUARD, existing.updated_at)
         return ReserveResult(outcome=outcome, record=record)
 
 

@@ -458,3 +458,43 @@ SELECT key FROM tool_executions
  ORDER BY created_at, key
  LIMIT $3
 """
+
+# -- metrics (ledger/queue.py) --------------------------------------------------------------------
+
+# The operator queue in figures, for the operator API's gauges: per tenant, tool and status, how many
+# calls are unresolved, how long the oldest has been in its status, and how many indeterminate ones
+# have been unknown longer than their agent's reconcile deadline ($1 agents, $2 their deadlines in
+# seconds, $3 the deadline of an agent not listed); open conflicts come back as status 'conflict'.
+# A call entered its status at its last event that moved it there (the row's own time otherwise).
+QUEUE_FIGURES = """
+WITH open AS (
+    SELECT t.tenant, t.tool_name, t.status, t.agent,
+           coalesce((SELECT max(e.at) FROM tool_execution_events e
+                      WHERE e.key = t.key AND e.to_status = t.status), t.created_at) AS since
+      FROM tool_executions t
+     WHERE t.status IN ('started', 'indeterminate', 'awaiting_approval', 'held')
+       AND (t.status <> 'started' OR coalesce(t.lease_expires_at < clock_timestamp(), false))
+), deadlines AS (
+    SELECT * FROM unnest($1::text[], $2::float8[]) AS d (agent, seconds)
+)
+SELECT o.tenant, o.tool_name AS tool, o.status, count(*) AS calls,
+       extract(epoch FROM clock_timestamp() - min(o.since))::float8 AS oldest_seconds,
+       count(*) FILTER (
+           WHERE o.status = 'indeterminate'
+             AND o.since + make_interval(secs => coalesce(d.seconds, $3::float8)) < clock_timestamp()
+       ) AS overdue
+  FROM open o LEFT JOIN deadlines d USING (agent)
+ GROUP BY o.tenant, o.tool_name, o.status
+UNION ALL
+SELECT tenant, tool_name, 'conflict', count(*),
+       extract(epoch FROM clock_timestamp() - min(conflict_at))::float8, 0
+  FROM tool_executions
+ WHERE conflict_at IS NOT NULL AND conflict_cleared_at IS NULL
+ GROUP BY tenant, tool_name
+ORDER BY 1, 2, 3
+"""
+
+# When the call entered status $2: its last event that moved it there.
+ENTERED_STATUS_AT = """
+SELECT max(at) FROM tool_execution_events WHERE key = $1 AND to_status = $2
+"""

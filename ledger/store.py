@@ -34,6 +34,7 @@ from ledger.records import (
 )
 from ledger.resends import Resends
 from ledger.status import UNRESOLVED, EventSource, FailureKind, SideEffect, Status
+from onceflow import metrics
 from onceflow.keys import call_key
 
 _RESERVE_ROUNDS = 3
@@ -194,6 +195,7 @@ class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends):
                 if record.status is not Status.FAILED or record.conflict_at is not None or final:
                     outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
                     self.annotate(record, outcome)
+                    metrics.record_replay(record)
                     return ReserveResult(outcome=outcome, record=record)
             else:
                 raise LedgerUnavailableError(
@@ -347,6 +349,8 @@ class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends):
         )
         record = to_record(updated)
         self.annotate(record, "late_outcome_applied")
+        since = await conn.fetchval(queries.ENTERED_STATUS_AT, key, current.status.value)
+        metrics.record_settled(record, current.status, EventSource.OWNER, since)
         return record
 
     async def mark_indeterminate(

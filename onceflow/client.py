@@ -13,6 +13,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributeKey, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.runtime import Runtime
 
 from onceflow.config import Settings
 from onceflow.constants import SEARCH_ATTRIBUTES
@@ -54,8 +55,9 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(main_then_settle())
 
 
-async def connect(settings: Settings | None = None) -> Client:
-    """A Temporal client with onceflow's data converter and tracing."""
+async def connect(settings: Settings | None = None, *, runtime: Runtime | None = None) -> Client:
+    """A Temporal client with onceflow's data converter and tracing; `runtime`: the SDK's own
+    telemetry (a worker's metrics, onceflow.metrics.temporal_runtime), else its default."""
     settings = settings or Settings.from_env()
     configure_tracing()
     return await Client.connect(
@@ -63,6 +65,7 @@ async def connect(settings: Settings | None = None) -> Client:
         namespace=settings.temporal_namespace,
         data_converter=pydantic_data_converter,
         interceptors=[tracing_interceptor()],
+        runtime=runtime,
     )
 
 

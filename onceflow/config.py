@@ -23,7 +23,14 @@ ENVIRONMENT = {
 # activities finish; unset means the longest tool timeout plus margins (see onceflow/worker.py).
 # ONCEFLOW_AGENTS_ENABLED: which agents it must serve (comma-separated names); unset, it serves every
 # agent whose model it can build and names the others in its log (onceflow/agents.py, check_models).
-WORKER_ENVIRONMENT = {"ONCEFLOW_SHUTDOWN_GRACE": "", "ONCEFLOW_AGENTS_ENABLED": ""}
+# ONCEFLOW_TEMPORAL_METRICS_PORT: where the Temporal SDK serves its worker metrics when
+# OTEL_METRICS_EXPORTER includes prometheus (onceflow/metrics.py; onceflow's own are on
+# OTEL_EXPORTER_PROMETHEUS_PORT).
+WORKER_ENVIRONMENT = {
+    "ONCEFLOW_SHUTDOWN_GRACE": "",
+    "ONCEFLOW_AGENTS_ENABLED": "",
+    "ONCEFLOW_TEMPORAL_METRICS_PORT": "9465",
+}
 # Read by `onceflow api` only: the port it listens on.
 API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082"}
 # Read by `onceflow executions`, an operator's client of the API.

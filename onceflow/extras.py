@@ -15,7 +15,7 @@ _OWN_PACKAGES = {"onceflow", "ledger", "workflows", "activities", "examples"}
 
 # Extra -> what it is for, as the error message puts it.
 EXTRAS = {
-    "api": "the operator API and the example billing service",
+    "api": "the operator API, the example billing service and metrics for Prometheus",
     "dev": "the local stack (`onceflow dev`, `onceflow demo`, drills)",
     "otlp": "exporting traces over OTLP",
 }

@@ -22,6 +22,7 @@ from onceflow.agents import AgentConfigError, AgentRegistry, check_models, load_
 from onceflow.client import connect, ensure_search_attributes
 from onceflow.config import Settings
 from onceflow.health import keep_heartbeat, probe, remove_heartbeat
+from onceflow.metrics import configure_metrics, temporal_runtime
 from onceflow.shutdown import ShutdownGraceError, shutdown_grace
 from workflows import ALL_WORKFLOWS
 
@@ -100,7 +101,8 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
             grace = shutdown_grace(registry, settings.shutdown_grace)
         except ShutdownGraceError as exc:
             raise SystemExit(f"cannot start the worker: {exc}") from exc
-        client = await connect(settings)
+        configure_metrics("onceflow-worker", serve_prometheus=True)
+        client = await connect(settings, runtime=temporal_runtime())
         added = await ensure_search_attributes(client)
         if added:
             log.info("registered search attributes: %s", ", ".join(added))

@@ -430,6 +430,8 @@ def test_services_publish_the_documented_ports() -> None:
         "temporal-ui": (8080, 8080),
         "billing": (8081, 8081),
         "operator-api": (8082, 8082),
+        "prometheus": (9090, 9090),
+        "grafana": (3000, 3000),
     }
     for name, (host, container) in expected.items():
         assert (host, "tcp", container) in published_ports(services()[name]), name

@@ -34,6 +34,7 @@ from ledger import (
     Status,
     ToolExecutionRecord,
 )
+from onceflow import metrics
 from onceflow.agents import AgentRegistry
 from onceflow.api.auth import Operator, RequireToken
 from onceflow.api.models import (
@@ -224,6 +225,7 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
     app.state.ledger = ledger
     app.state.tokens = OperatorTokens(ledger)
     install_problem_handlers(app)
+    metrics.mount(app, ledger=ledger, registry=registry)  # /metrics, unauthenticated (onceflow.metrics)
     app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES)
     # Added last, so it runs first: no token, no other answer than 401.
     app.add_middleware(RequireToken, tokens=app.state.tokens)

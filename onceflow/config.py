@@ -24,8 +24,8 @@ ENVIRONMENT = {
 # ONCEFLOW_AGENTS_ENABLED: which agents it must serve (comma-separated names); unset, it serves every
 # agent whose model it can build and names the others in its log (onceflow/agents.py, check_models).
 WORKER_ENVIRONMENT = {"ONCEFLOW_SHUTDOWN_GRACE": "", "ONCEFLOW_AGENTS_ENABLED": ""}
-# Read by `onceflow api` only: the port it listens on.
-API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082"}
+# Read by `onceflow api` only: the port it listens on, and the Temporal UI its console links runs to.
+API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082", "ONCEFLOW_TEMPORAL_UI": "http://127.0.0.1:8233"}
 # Read by `onceflow executions`, an operator's client of the API.
 OPERATOR_ENVIRONMENT = {
     "ONCEFLOW_API": "http://127.0.0.1:8082",

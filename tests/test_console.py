@@ -116,6 +116,7 @@ async def test_sign_in_keeps_the_token_in_an_http_only_session_cookie_and_nowher
     # first, with a visible focus ring.
     token = await operator_api.token(operator="alice")
     await page.goto("/console/sign-in")
+    await expect(page.get_by_label("Operator token")).to_be_focused()
     await page.keyboard.type(token)
     await page.keyboard.press("Enter")
     await expect(page).to_have_url(re.compile(r"/console$"))
@@ -221,7 +222,9 @@ async def test_resolve_from_the_call_page_settles_the_paused_run(
     await page.get_by_role("link", name=key).click()
     await expect(page.get_by_role("heading", level=1)).to_contain_text(key)
     link = page.get_by_role("link", name="Open the run in the Temporal UI")
-    assert await link.get_attribute("href") == f"http://127.0.0.1:8233/namespaces/default/workflows/{handle.id}"
+    assert (
+        await link.get_attribute("href") == f"http://127.0.0.1:8233/namespaces/default/workflows/{handle.id}"
+    )
     events = page.get_by_role("region", name="Events")
     await expect(events.get_by_role("row")).to_have_count(3)  # header, reserved, indeterminate
     await expect(page.locator("pre.payload")).to_contain_text('"account_id"')
@@ -280,7 +283,9 @@ async def test_approve_sends_the_call_once(operator_api: OperatorApi, chromium_b
     assert (record.status, record.approved_by) == (Status.COMPLETED, "operator:bob")
 
 
-async def test_compensate_undoes_a_completed_call(operator_api: OperatorApi, chromium_browser: Browser) -> None:
+async def test_compensate_undoes_a_completed_call(
+    operator_api: OperatorApi, chromium_browser: Browser
+) -> None:
     payload, _ = order()
     handle = await operator_api.runs.start("credit-undoable", payload)
     await asyncio.wait_for(handle.result(), 20)
@@ -297,7 +302,7 @@ async def test_compensate_undoes_a_completed_call(operator_api: OperatorApi, chr
     await expect(page.get_by_role("heading", level=1)).to_contain_text(f"{key}:compensation")
 
     outcome = await asyncio.wait_for(
-        operator_api.runs.client.get_workflow_handle(f"compensate-{key}").result(), 20
+        operator_api.runs.client.get_workflow_handle(f"compensation:{key}").result(), 20
     )
     assert outcome["original_status"] == "compensated"
     assert DOWNSTREAM.voids == {f"{key}:compensation": 1}

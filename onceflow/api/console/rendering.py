@@ -8,13 +8,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import jinja2
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.responses import Response
 
 HERE = Path(__file__).resolve().parent
-TEMPLATES = Jinja2Templates(directory=HERE / "templates")
+# Every value a template prints is escaped (autoescape on for all templates, whatever their name).
+TEMPLATES = Jinja2Templates(
+    env=jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+)
 
 # No script at all, no third-party anything: the pages work offline and nothing can be injected.
 SECURITY_HEADERS = {

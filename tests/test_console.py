@@ -374,3 +374,50 @@ async def test_bulk_resolve_settles_each_call_on_its_own_and_says_which_won(
         expected = ("operator:bob", Status.FAILED) if key == keys[2] else ("operator:alice", Status.COMPLETED)
         assert (record.settled_by, record.status) == expected
     assert (await ledger.get(other)).status is Status.INDETERMINATE
+
+
+async def test_deny_acknowledge_a_conflict_and_nudge(
+    operator_api: OperatorApi, chromium_browser: Browser
+) -> None:
+    payload, _ = order()
+    handle = await operator_api.runs.start("credit-approval", payload)
+    await wait_for_phase(handle, Phase.AWAITING_APPROVAL)
+    denied = f"{handle.id}:call_1_0"
+    conflicted = await conflicted_call(operator_api)
+    unknown = await unknown_call(operator_api.ledger)
+
+    page, _ = await signed_in(chromium_browser, operator_api)
+    await page.goto(f"/console/calls/{denied}")
+    await page.locator("#deny-reason").fill("amount looks wrong")
+    await page.get_by_role("button", name="Deny…").click()
+    await expect(page.locator(".consequence")).to_contain_text("never sent")
+    await page.get_by_role("button", name="Yes, deny").click()
+    await expect(page.get_by_role("heading", level=1)).to_have_text("Denied")
+    await asyncio.wait_for(handle.result(), 20)
+    assert (await operator_api.ledger.get(denied)).status is Status.DENIED
+    assert DOWNSTREAM.send_attempts == 0
+
+    await page.goto(f"/console/calls/{conflicted}")
+    await expect(page.get_by_role("heading", name="Conflict")).to_be_visible()
+    await page.locator("#acknowledge-conflict-reason").fill("refunded by hand")
+    await page.locator("#acknowledge-conflict-evidence").fill('{"refund": "re_1"}')
+    await page.get_by_role("button", name="Acknowledge conflict…").click()
+    await page.get_by_role("button", name="Yes, acknowledge conflict").click()
+    await expect(page.get_by_role("heading", level=1)).to_have_text("Conflict acknowledged")
+    record = await operator_api.ledger.get(conflicted)
+    assert (record.has_conflict, record.conflict_cleared_by) == (False, "operator:alice")
+
+    await page.goto(f"/console/calls/{unknown}")
+    await page.get_by_role("button", name="Nudge the run…").click()
+    await expect(page.locator(".consequence")).to_contain_text("decides nothing")
+    await page.get_by_role("button", name="Yes, nudge the run").click()
+    await expect(page.get_by_role("status")).to_contain_text("No run was waiting on it")
+    assert (await operator_api.ledger.get(unknown)).status is Status.INDETERMINATE
+
+    # Bad input is refused before anything is sent, and says why.
+    await page.goto(f"/console/calls/{unknown}")
+    await page.locator("#resolve-reason").fill("seen")
+    await page.locator("#resolve-evidence").fill("{not json")
+    await page.get_by_role("button", name="Resolve…").click()
+    await expect(page.get_by_role("alert")).to_contain_text("Nothing was changed: evidence is not JSON")
+    assert (await operator_api.ledger.get(unknown)).status is Status.INDETERMINATE

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
 
 from ledger import Status
 from onceflow.payloads import Phase
@@ -28,8 +28,8 @@ from tests.test_operator_api_conflicts import conflicted_call
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "console"
-DESKTOP = {"width": 1280, "height": 900}
-PHONE = {"width": 375, "height": 812}
+DESKTOP: ViewportSize = {"width": 1280, "height": 900}
+PHONE: ViewportSize = {"width": 375, "height": 812}
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -72,9 +72,9 @@ async def shoot(page: Page, name: str, *, full_page: bool = True) -> Path:
 
 
 async def signed_in(
-    browser: Browser, api: OperatorApi, operator: str = "alice", viewport: dict[str, int] = DESKTOP
+    browser: Browser, api: OperatorApi, operator: str = "alice", viewport: ViewportSize = DESKTOP
 ) -> tuple[Page, str]:
-    context = await browser.new_context(base_url=api.url, viewport=viewport)  # type: ignore[arg-type]
+    context = await browser.new_context(base_url=api.url, viewport=viewport)
     page = await context.new_page()
     token = await api.token(operator=operator)
     await page.goto("/console")
@@ -104,7 +104,7 @@ async def test_sign_in_keeps_the_token_in_an_http_only_session_cookie_and_nowher
 ) -> None:
     caplog.set_level(logging.DEBUG)
     key = await unknown_call(operator_api.ledger)
-    context = await chromium_browser.new_context(base_url=operator_api.url, viewport=DESKTOP)  # type: ignore[arg-type]
+    context = await chromium_browser.new_context(base_url=operator_api.url, viewport=DESKTOP)
     page = await context.new_page()
     await page.goto("/console/sign-in")
     await page.get_by_label("Operator token").fill("oft_not-a-real-token")

@@ -399,6 +399,11 @@ async def test_deny_acknowledge_a_conflict_and_nudge(
 
     await page.goto(f"/console/calls/{conflicted}")
     await expect(page.get_by_role("heading", name="Conflict")).to_be_visible()
+    await expect(page.get_by_role("heading", name="Reconcile history")).to_be_visible()
+    await expect(
+        page.locator("section", has=page.get_by_role("heading", name="Reconcile history"))
+    ).to_contain_text("outcome_conflict: reconciler reports completed")
+    await shoot(page, "call-conflict")
     await page.locator("#acknowledge-conflict-reason").fill("refunded by hand")
     await page.locator("#acknowledge-conflict-evidence").fill('{"refund": "re_1"}')
     await page.get_by_role("button", name="Acknowledge conflict…").click()

@@ -6,7 +6,7 @@ import re
 
 import httpx
 
-from ledger import Status
+from ledger import OperatorTokens, Status
 from tests.support.operator_api import OperatorApi
 from tests.test_operator_api import unknown_call
 
@@ -52,6 +52,13 @@ async def test_a_post_from_another_site_or_without_the_sessions_token_changes_no
         done = await http.post(f"/console/calls/{key}/actions/resolve", data={**fields, "csrf": csrf})
         assert done.status_code == 200 and "settled by operator:alice" in done.text
         assert (await operator_api.ledger.get(key)).status is Status.FAILED
+
+        # Revoking the token ends the session at its next request.
+        tokens = OperatorTokens(operator_api.ledger)
+        [mine] = [t for t in await tokens.list_tokens("acme") if t.revoked_at is None]
+        await tokens.revoke(mine.id)
+        gone = await http.get("/console")
+        assert gone.status_code == 303 and gone.headers["location"] == "/console/sign-in"
 
 
 async def test_sign_in_needs_its_own_form_and_a_live_token(operator_api: OperatorApi) -> None:

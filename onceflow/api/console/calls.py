@@ -6,7 +6,8 @@ implementation of any rule). The answers are the API's JSON, problem documents i
 names who decided first exactly as it does for curl.
 
 The counts per status are the one thing the JSON API does not offer; they are read here, scoped to
-the token's tenant, with the same predicates as the ledger's listing of unresolved calls.
+the token's tenant, with the same predicates as the ledger's listing of unresolved calls
+(`queries.COUNT_UNRESOLVED` beside `queries.LIST_UNRESOLVED`).
 """
 
 from __future__ import annotations
@@ -18,27 +19,7 @@ from urllib.parse import quote
 import httpx
 from fastapi import FastAPI
 
-from ledger import Ledger
-
-# The two halves of the ledger's LIST_UNRESOLVED (ledger/queries.py), counted instead of listed.
-COUNT_UNRESOLVED = """
-SELECT status, escalated_at IS NOT NULL AS escalated, false AS conflict, count(*) AS n
-  FROM tool_executions
- WHERE tenant = $1
-   AND status IN ('started', 'indeterminate', 'awaiting_approval', 'held')
-   AND (status <> 'started' OR coalesce(lease_expires_at < clock_timestamp(), false))
-   AND ($2::text IS NULL OR tool_name = $2)
-   AND ($3::text IS NULL OR agent = $3)
- GROUP BY 1, 2
-UNION ALL
-SELECT status, escalated_at IS NOT NULL, true, count(*)
-  FROM tool_executions
- WHERE tenant = $1
-   AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL
-   AND ($2::text IS NULL OR tool_name = $2)
-   AND ($3::text IS NULL OR agent = $3)
- GROUP BY 1, 2
-"""
+from ledger import Ledger, queries
 
 
 @dataclass
@@ -57,7 +38,7 @@ class Counts:
 async def count_queue(ledger: Ledger, tenant: str, *, tool: str | None, agent: str | None) -> Counts:
     counts = Counts()
     async with ledger.connection("console_counts", tenant=tenant) as conn:
-        rows = await conn.fetch(COUNT_UNRESOLVED, tenant, tool, agent)
+        rows = await conn.fetch(queries.COUNT_UNRESOLVED, tenant, tool, agent)
     for row in rows:
         n = int(row["n"])
         if row["conflict"]:

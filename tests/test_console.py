@@ -11,25 +11,20 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
+from playwright.async_api import Browser, async_playwright, expect
 
 from ledger import Status
 from onceflow.payloads import Phase
+from tests.support.browser import CHROMIUM, DESKTOP, PHONE, every_control_is_labelled, shoot, signed_in
 from tests.support.downstream import DOWNSTREAM
 from tests.support.guarded import unknown_refund_and_a_held_repeat
 from tests.support.operator_api import OperatorApi
 from tests.test_agent_run import wait_for_phase
 from tests.test_operator_api import order, unknown_call
 from tests.test_operator_api_conflicts import conflicted_call
-
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "console"
-DESKTOP: ViewportSize = {"width": 1280, "height": 900}
-PHONE: ViewportSize = {"width": 375, "height": 812}
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -62,38 +57,6 @@ async def chromium_browser(browser_type_launch_args: dict[str, Any]) -> AsyncIte
         launched = await playwright.chromium.launch(**browser_type_launch_args)
         yield launched
         await launched.close()
-
-
-async def shoot(page: Page, name: str, *, full_page: bool = True) -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / f"{name}.png"
-    await page.screenshot(path=str(path), full_page=full_page)
-    return path
-
-
-async def signed_in(
-    browser: Browser, api: OperatorApi, operator: str = "alice", viewport: ViewportSize = DESKTOP
-) -> tuple[Page, str]:
-    context = await browser.new_context(base_url=api.url, viewport=viewport)
-    page = await context.new_page()
-    token = await api.token(operator=operator)
-    await page.goto("/console")
-    await expect(page).to_have_url(re.compile(r"/console/sign-in$"))
-    await page.get_by_label("Operator token").fill(token)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page).to_have_url(re.compile(r"/console$"))
-    return page, token
-
-
-async def every_control_is_labelled(page: Page) -> None:
-    unlabelled = await page.evaluate(
-        """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
-               .filter(el => el.labels.length === 0 && !el.getAttribute('aria-label'))
-               .map(el => el.outerHTML)"""
-    )
-    assert unlabelled == []
-    for role in ("banner", "main", "contentinfo"):
-        await expect(page.get_by_role(role)).to_have_count(1)
 
 
 # -- sign-in --------------------------------------------------------------------------------------

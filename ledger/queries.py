@@ -135,6 +135,28 @@ ORDER BY created_at, key
 LIMIT $8
 """
 
+# The operator console's counts per status: LIST_UNRESOLVED's two halves, counted instead of listed
+# ($2 tool, $3 agent, either NULL for any).
+COUNT_UNRESOLVED = """
+SELECT status, escalated_at IS NOT NULL AS escalated, false AS conflict, count(*) AS n
+  FROM tool_executions
+ WHERE tenant = $1
+   AND status IN ('started', 'indeterminate', 'awaiting_approval', 'held')
+   AND (status <> 'started' OR coalesce(lease_expires_at < clock_timestamp(), false))
+   AND ($2::text IS NULL OR tool_name = $2)
+   AND ($3::text IS NULL OR agent = $3)
+ GROUP BY 1, 2
+UNION ALL
+SELECT status, escalated_at IS NOT NULL, true, count(*)
+  FROM tool_executions
+ WHERE tenant = $1
+   AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL
+   AND ($2::text IS NULL OR tool_name = $2)
+   AND ($3::text IS NULL OR agent = $3)
+ GROUP BY 1, 2
+"""
+
+
 # -- guards (ledger/guards.py) --------------------------------------------------------------------
 
 # A lock held until the transaction ends; a hash collision only makes unrelated calls take turns.

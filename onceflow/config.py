@@ -31,8 +31,8 @@ WORKER_ENVIRONMENT = {
     "ONCEFLOW_AGENTS_ENABLED": "",
     "ONCEFLOW_TEMPORAL_METRICS_PORT": "9465",
 }
-# Read by `onceflow api` only: the port it listens on.
-API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082"}
+# Read by `onceflow api` only: the port it listens on, and the Temporal UI its console links runs to.
+API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082", "ONCEFLOW_TEMPORAL_UI": "http://127.0.0.1:8233"}
 # Read by `onceflow executions`, an operator's client of the API.
 OPERATOR_ENVIRONMENT = {
     "ONCEFLOW_API": "http://127.0.0.1:8082",

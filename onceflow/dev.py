@@ -72,6 +72,8 @@ class StackInfo:
         }
         if self.api_url:
             found["ONCEFLOW_API"] = self.api_url
+        if self.ui_url:  # the console links runs to this stack's Temporal UI
+            found["ONCEFLOW_TEMPORAL_UI"] = self.ui_url
         return found
 
     def run_url(self, run_id: str) -> str | None:

@@ -59,6 +59,7 @@ def dev_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
         "ONCEFLOW_DATABASE_URL": info["database_url"],
         "ONCEFLOW_BILLING_URL": info["billing_url"],
         "ONCEFLOW_API": info["api_url"],
+        "UI_URL": info["ui_url"],
         "DATA_DIR": str(data_dir),
         "COMMAND": json.dumps(command),
         "PID": str(process.pid),
@@ -191,6 +192,19 @@ def test_readme_walkthrough_against_onceflow_dev(dev_stack: dict[str, str]) -> N
     shown = httpx.get(f"{api}/v1/tool-executions/refund-1001:call_1_0", headers=headers).json()
     assert (shown["status"], shown["settled_by"]) == ("completed", "signal:alice")
     assert httpx.get(f"{api}/v1/tool-executions").status_code == 401
+
+    # The console, with the same token: the call's page links the run to this stack's Temporal UI.
+    with httpx.Client(base_url=api, timeout=30) as browser:
+        form = browser.get("/console/sign-in")
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', form.text)
+        assert csrf, form.text
+        signed_in = browser.post(
+            "/console/sign-in", data={"csrf": csrf.group(1), "token": created.stdout.strip()}
+        )
+        assert signed_in.status_code == 303, signed_in.text
+        page = browser.get("/console/calls/refund-1001:call_1_0")
+        assert page.status_code == 200, page.text
+        assert f'href="{env["UI_URL"]}/namespaces/default/workflows/refund-1001"' in page.text
 
     # Ctrl-C stops everything `onceflow dev` started.
     os.kill(int(env["PID"]), signal.SIGINT)

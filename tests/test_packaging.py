@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,12 @@ NEED_AN_EXTRA = {
     "onceflow.api.auth": "api",
     "onceflow.api.models": "api",
     "onceflow.api.server": "api",
+    "onceflow.api.console": "api",
+    "onceflow.api.console.actions": "api",
+    "onceflow.api.console.calls": "api",
+    "onceflow.api.console.forms": "api",
+    "onceflow.api.console.rendering": "api",
+    "onceflow.api.console.routes": "api",
     "onceflow.problems": "api",
     "examples.billing.credits": "api",
     "examples.billing.received": "api",
@@ -156,6 +163,16 @@ def test_the_base_install_holds_the_base_dependencies_and_nothing_of_the_extras(
         assert not installed & only_there, f"the base install pulled in {extra}: {installed & only_there}"
     check = base_venv.run(str(base_venv.bin / "python"), "-m", "pip", "check", cwd=elsewhere)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_wheel_ships_the_consoles_templates_and_style_sheet(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as built:
+        names = set(built.namelist())
+    console = ROOT / "onceflow" / "api" / "console"
+    shipped = [*console.glob("templates/*.html"), *console.glob("static/*")]
+    assert len(shipped) > 5
+    missing = [str(p.relative_to(ROOT)) for p in shipped if str(p.relative_to(ROOT)) not in names]
+    assert missing == []
 
 
 def test_every_module_of_the_wheel_imports_or_names_the_extra_it_needs(

@@ -37,6 +37,7 @@ from ledger import (
 from onceflow import metrics
 from onceflow.agents import AgentRegistry
 from onceflow.api.auth import Operator, RequireToken
+from onceflow.api.console import install_console
 from onceflow.api.models import (
     AcknowledgeRequest,
     ApproveRequest,
@@ -229,6 +230,7 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
     app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES)
     # Added last, so it runs first: no token, no other answer than 401.
     app.add_middleware(RequireToken, tokens=app.state.tokens)
+    install_console(app, namespace=client.namespace)
 
     async def tell_workflow(record: ToolExecutionRecord, actor: str) -> bool:
         """Nudge the workflow waiting on this call to read the ledger. A finished one is fine."""

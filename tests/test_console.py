@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, async_playwright, expect
 
-from ledger import Status
+from ledger import FailureKind, Status
 from onceflow.payloads import Phase
 from tests.support.browser import CHROMIUM, DESKTOP, PHONE, every_control_is_labelled, shoot, signed_in
 from tests.support.downstream import DOWNSTREAM
 from tests.support.guarded import unknown_refund_and_a_held_repeat
 from tests.support.operator_api import OperatorApi
 from tests.test_agent_run import wait_for_phase
+from tests.test_executions_cli import put_call
 from tests.test_operator_api import order, unknown_call
 from tests.test_operator_api_conflicts import conflicted_call
 
@@ -367,6 +368,7 @@ async def test_deny_acknowledge_a_conflict_and_nudge(
         page.locator("section", has=page.get_by_role("heading", name="Reconcile history"))
     ).to_contain_text("outcome_conflict: reconciler reports completed")
     await shoot(page, "call-conflict")
+    await page.get_by_label("it took effect and was undone (compensated)").check()
     await page.locator("#acknowledge-conflict-reason").fill("refunded by hand")
     await page.locator("#acknowledge-conflict-evidence").fill('{"refund": "re_1"}')
     await page.get_by_role("button", name="Acknowledge conflict…").click()
@@ -374,6 +376,7 @@ async def test_deny_acknowledge_a_conflict_and_nudge(
     await expect(page.get_by_role("heading", level=1)).to_have_text("Conflict acknowledged")
     record = await operator_api.ledger.get(conflicted)
     assert (record.has_conflict, record.conflict_cleared_by) == (False, "operator:alice")
+    assert record.status is Status.COMPENSATED
 
     await page.goto(f"/console/calls/{unknown}")
     await page.get_by_role("button", name="Nudge the run…").click()
@@ -389,3 +392,28 @@ async def test_deny_acknowledge_a_conflict_and_nudge(
     await page.get_by_role("button", name="Resolve…").click()
     await expect(page.get_by_role("alert")).to_contain_text("Nothing was changed: evidence is not JSON")
     assert (await operator_api.ledger.get(unknown)).status is Status.INDETERMINATE
+
+
+async def test_release_an_approved_call_whose_run_is_gone(
+    operator_api: OperatorApi, chromium_browser: Browser
+) -> None:
+    key = await put_call(operator_api.ledger, approval=True)
+    await operator_api.ledger.approve(key, actor="operator:carol")
+
+    page, _ = await signed_in(chromium_browser, operator_api)
+    await page.goto(f"/console/calls/{key}")
+    await page.locator("#release-reason").fill("its run was terminated")
+    await page.get_by_role("button", name="Release…").click()
+    await expect(page.locator(".consequence")).to_contain_text("never will be")
+    assert (
+        await operator_api.ledger.get(key)
+    ).status is Status.AWAITING_APPROVAL  # confirming changes nothing
+    await page.get_by_role("button", name="Yes, release").click()
+    await expect(page.get_by_role("heading", level=1)).to_have_text("Released")
+    record = await operator_api.ledger.get(key)
+    assert (record.status, record.failure_kind, record.settled_by) == (
+        Status.FAILED,
+        FailureKind.RELEASED,
+        "operator:alice",
+    )
+    assert DOWNSTREAM.send_attempts == 0

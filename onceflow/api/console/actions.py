@@ -64,8 +64,16 @@ ACTIONS = {
     "acknowledge-conflict": Action(
         "Acknowledge conflict",
         "Conflict acknowledged",
-        "The decision stands as recorded; the conflict is closed with your note of what you did about it.",
-        ("reason", "evidence"),
+        "The ledger records the call as {status}, on your evidence, for good: it is never sent again, "
+        "and budgets count it as {status}. The conflict is closed with your note of what you did.",
+        ("status", "reason", "evidence"),
+    ),
+    "release": Action(
+        "Release",
+        "Released",
+        "The call was never sent, and now never will be: it is recorded as failed (released), gives up "
+        "its entity slot and budget amount, and the run is told it did not take effect.",
+        ("reason",),
     ),
     "nudge": Action(
         "Nudge the run",

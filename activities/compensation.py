@@ -9,14 +9,21 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.outcomes import outcome_from_record, owner_token
-from activities.tools import record_outcome, send_once
-from ledger import CallIdentity, EventSource, Ledger, LedgerUnavailableError, Status, ToolExecutionRecord
 from onceflow import metrics
-from onceflow.agents import AgentRegistry
-from onceflow.constants import ACTIVITY_MARGIN, ERR_LEDGER_UNAVAILABLE, ERR_NO_COMPENSATION
-from onceflow.payloads import CompensationInput, CompensationPlan, ToolOutcome
-from onceflow.tools import Tool, ToolContext
+from onceflow.activities.outcomes import outcome_from_record, owner_token
+from onceflow.activities.tools import record_outcome, send_once
+from onceflow.ledger import (
+    CallIdentity,
+    EventSource,
+    Ledger,
+    LedgerUnavailableError,
+    Status,
+    ToolExecutionRecord,
+)
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import ACTIVITY_MARGIN, ERR_LEDGER_UNAVAILABLE, ERR_NO_COMPENSATION
+from onceflow.sdk.payloads import CompensationInput, CompensationPlan, ToolOutcome
+from onceflow.sdk.tools import Tool, ToolContext
 
 COMPENSATION_SUFFIX = ":compensation"
 

@@ -12,8 +12,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from ledger import Ledger, ToolExecutionRecord
-from onceflow.payloads import ResolveSignal
+from onceflow.ledger import Ledger, ToolExecutionRecord
+from onceflow.sdk.payloads import ResolveSignal
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,12 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.conflicts import tell_run_of_conflict
-from activities.held import wake_held
-from activities.outcomes import outcome_from_record
-from activities.tools import send_once
-from ledger import (
+from onceflow import metrics
+from onceflow.activities.conflicts import tell_run_of_conflict
+from onceflow.activities.held import wake_held
+from onceflow.activities.outcomes import outcome_from_record
+from onceflow.activities.tools import send_once
+from onceflow.ledger import (
     EventSource,
     FailureKind,
     InvalidTransitionError,
@@ -30,11 +31,10 @@ from ledger import (
     Status,
     ToolExecutionRecord,
 )
-from onceflow import metrics
-from onceflow.agents import AgentRegistry
-from onceflow.constants import ACTIVITY_MARGIN
-from onceflow.payloads import OwnerOutcome, ReconcileInput, ToolOutcome
-from onceflow.tools import OutcomeStatus, Tool, ToolContext
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import ACTIVITY_MARGIN
+from onceflow.sdk.payloads import OwnerOutcome, ReconcileInput, ToolOutcome
+from onceflow.sdk.tools import OutcomeStatus, Tool, ToolContext
 
 RECONCILER = "reconciler"
 # What a resend must leave before the window's end, beyond the tool's own timeout: the receiver's

@@ -11,10 +11,11 @@ from typing import Any, Literal
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.conflicts import tell_run_of_conflict
-from activities.held import wake_held
-from activities.outcomes import outcome_from_record, owner_token
-from ledger import (
+from onceflow import metrics
+from onceflow.activities.conflicts import tell_run_of_conflict
+from onceflow.activities.held import wake_held
+from onceflow.activities.outcomes import outcome_from_record, owner_token
+from onceflow.ledger import (
     CallIdentity,
     EventSource,
     FailureKind,
@@ -27,10 +28,9 @@ from ledger import (
     TenantMismatchError,
     ToolExecutionRecord,
 )
-from ledger.guarded import decided_again
-from onceflow import metrics
-from onceflow.agents import AgentRegistry
-from onceflow.constants import (
+from onceflow.ledger.guarded import decided_again
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import (
     ACTIVITY_MARGIN,
     ERR_BUDGET_LIMIT_UNAVAILABLE,
     ERR_LEDGER_UNAVAILABLE,
@@ -38,9 +38,9 @@ from onceflow.constants import (
     ERR_PAYLOAD_MISMATCH,
     ERR_TENANT_MISMATCH,
 )
-from onceflow.keys import call_key
-from onceflow.payloads import OwnerOutcome, ToolCall, ToolCallInput, ToolOutcome
-from onceflow.tools import (
+from onceflow.sdk.keys import call_key
+from onceflow.sdk.payloads import OwnerOutcome, ToolCall, ToolCallInput, ToolOutcome
+from onceflow.sdk.tools import (
     Guards,
     InvalidToolArgumentsError,
     Tool,

@@ -1,7 +1,7 @@
 """The PostgreSQL tool-execution ledger: reserve before running, settle exactly once."""
 
-from ledger.canonical import CanonicalPayload, canonical_payload
-from ledger.errors import (
+from onceflow.ledger.canonical import CanonicalPayload, canonical_payload
+from onceflow.ledger.errors import (
     AlreadySettledError,
     ConflictNotOpenError,
     EvidenceRequiredError,
@@ -16,12 +16,12 @@ from ledger.errors import (
     RecordNotFoundError,
     TenantMismatchError,
 )
-from ledger.guards import Guard, GuardArgumentError
-from ledger.migrate import migrate
-from ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
-from ledger.resends import ResendDecision
-from ledger.retention import PurgeReport, purge_settled
-from ledger.status import (
+from onceflow.ledger.guards import Guard, GuardArgumentError
+from onceflow.ledger.migrate import migrate
+from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
+from onceflow.ledger.resends import ResendDecision
+from onceflow.ledger.retention import PurgeReport, purge_settled
+from onceflow.ledger.status import (
     OPERATOR_PREFIX,
     SETTLED,
     UNRESOLVED,
@@ -31,8 +31,8 @@ from ledger.status import (
     Status,
     unauthenticated_actor,
 )
-from ledger.store import CallIdentity, Ledger, UnresolvedPage
-from ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError
+from onceflow.ledger.store import CallIdentity, Ledger, UnresolvedPage
+from onceflow.ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError
 
 __all__ = [
     "OPERATOR_PREFIX",

@@ -9,10 +9,15 @@ from typing import Any, Self, TypeVar
 import asyncpg
 from opentelemetry import context, trace
 
-from ledger import queries
-from ledger.errors import LedgerUnavailableError, ProvenanceError, ReasonRequiredError, RecordNotFoundError
-from ledger.records import ToolExecutionRecord
-from ledger.status import OPERATOR_PREFIX, EventSource, Status
+from onceflow.ledger import queries
+from onceflow.ledger.errors import (
+    LedgerUnavailableError,
+    ProvenanceError,
+    ReasonRequiredError,
+    RecordNotFoundError,
+)
+from onceflow.ledger.records import ToolExecutionRecord
+from onceflow.ledger.status import OPERATOR_PREFIX, EventSource, Status
 
 tracer = trace.get_tracer("onceflow.ledger")
 _E = TypeVar("_E", bound=BaseException | None)

@@ -12,19 +12,19 @@ from typing import Any
 
 import asyncpg
 
-from ledger import queries
-from ledger.base import has_evidence, require_text, to_json
-from ledger.conflicts import ConflictFlags, contradicts, same_report
-from ledger.errors import (
+from onceflow import metrics
+from onceflow.ledger import queries
+from onceflow.ledger.base import has_evidence, require_text, to_json
+from onceflow.ledger.conflicts import ConflictFlags, contradicts, same_report
+from onceflow.ledger.errors import (
     AlreadySettledError,
     EvidenceRequiredError,
     HeldCallError,
     InvalidTransitionError,
     RecordNotFoundError,
 )
-from ledger.records import ToolExecutionRecord, to_record
-from ledger.status import EventSource, FailureKind, Status
-from onceflow import metrics
+from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.status import EventSource, FailureKind, Status
 
 
 def _same_settlement(

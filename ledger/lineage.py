@@ -6,9 +6,9 @@ A replacement names the call it replaces (`replaces`); a held call names the cal
 
 from __future__ import annotations
 
-from ledger import queries
-from ledger.base import LedgerBase
-from ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase
+from onceflow.ledger.records import ToolExecutionRecord, to_record
 
 MAX_HELD_SHOWN = 100
 

@@ -21,11 +21,11 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
 
-from ledger import queries
-from ledger.base import LedgerBase, require_text
-from ledger.errors import RecordNotFoundError
-from ledger.records import ToolExecutionRecord, to_record
-from ledger.status import EventSource, Status
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase, require_text
+from onceflow.ledger.errors import RecordNotFoundError
+from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.status import EventSource, Status
 
 RESEND = "resend"
 WINDOW_CLOSED = "resend_window_closed"

@@ -10,32 +10,32 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ledger import queries
-from ledger.base import to_json
-from ledger.canonical import canonical_payload
-from ledger.conflicts import contradicts, same_report
-from ledger.decisions import OperatorDecisions
-from ledger.errors import (
+from onceflow import metrics
+from onceflow.ledger import queries
+from onceflow.ledger.base import to_json
+from onceflow.ledger.canonical import canonical_payload
+from onceflow.ledger.conflicts import contradicts, same_report
+from onceflow.ledger.decisions import OperatorDecisions
+from onceflow.ledger.errors import (
     LedgerUnavailableError,
     OutcomeIgnoredError,
     PayloadMismatchError,
     RecordNotFoundError,
     TenantMismatchError,
 )
-from ledger.guarded import GuardedReservations
-from ledger.guards import Guard
-from ledger.lineage import LineageReads
-from ledger.records import (
+from onceflow.ledger.guarded import GuardedReservations
+from onceflow.ledger.guards import Guard
+from onceflow.ledger.lineage import LineageReads
+from onceflow.ledger.records import (
     Reservation,
     ReserveResult,
     ToolExecutionRecord,
     to_event,
     to_record,
 )
-from ledger.resends import Resends
-from ledger.status import UNRESOLVED, EventSource, FailureKind, SideEffect, Status
-from onceflow import metrics
-from onceflow.keys import call_key
+from onceflow.ledger.resends import Resends
+from onceflow.ledger.status import UNRESOLVED, EventSource, FailureKind, SideEffect, Status
+from onceflow.sdk.keys import call_key
 
 _RESERVE_ROUNDS = 3
 # What an existing row means for a caller that did not get to reserve it.

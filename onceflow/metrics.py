@@ -32,16 +32,16 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from temporalio.runtime import OpenTelemetryConfig, PrometheusConfig, Runtime, TelemetryConfig
 
-from ledger.records import ToolExecutionRecord
-from ledger.status import EventSource, Status
+from onceflow.ledger.records import ToolExecutionRecord
+from onceflow.ledger.status import EventSource, Status
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
     from prometheus_client import CollectorRegistry
 
-    from ledger import Ledger
-    from ledger.queue import QueueFigure
-    from onceflow.agents import AgentRegistry
+    from onceflow.ledger import Ledger
+    from onceflow.ledger.queue import QueueFigure
+    from onceflow.runtime.agents import AgentRegistry
 
 log = logging.getLogger("onceflow.metrics")
 
@@ -160,7 +160,7 @@ class QueueGauges:
         self._read_at = 0.0
 
     def watch(self, ledger: Ledger, registry: AgentRegistry, loop: asyncio.AbstractEventLoop) -> None:
-        from onceflow.agents import ToolPolicy
+        from onceflow.runtime.agents import ToolPolicy
 
         with self._lock:
             self._ledger, self._loop = ledger, loop
@@ -172,7 +172,7 @@ class QueueGauges:
             self._read_at = 0.0
 
     def figures(self) -> list[QueueFigure]:
-        from ledger.queue import queue_figures
+        from onceflow.ledger.queue import queue_figures
 
         loop = self._loop
         if loop is not None and _on_loop(loop):  # cannot wait for the loop from inside it
@@ -309,7 +309,7 @@ def configure_metrics(service_name: str, *, serve_prometheus: bool) -> Collector
 
 
 def _prometheus_registry(readers: list[Any], *, serve: bool) -> CollectorRegistry:
-    from onceflow.extras import require_extra
+    from onceflow.local.extras import require_extra
 
     require_extra("api", "opentelemetry.exporter.prometheus", "prometheus_client")
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -337,7 +337,7 @@ def temporal_runtime() -> Runtime | None:
     (temporal_worker_task_slots_available, ...), durations in seconds. `otlp`: to the OTLP endpoint.
     The SDK exports one way only: the first of the two listed. None: the SDK's default runtime.
     """
-    from onceflow.config import env
+    from onceflow.runtime.config import env
 
     chosen = [name for name in exporters() if name in ("prometheus", "otlp")]
     if not chosen:

@@ -14,15 +14,15 @@ from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, Status
-from onceflow.agents import Agent, AgentConfig, AgentRegistry
-from onceflow.client import start_run
-from onceflow.payloads import AgentRunInput, Phase
+from onceflow.ledger import Ledger, Status
+from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
+from onceflow.runtime.client import start_run
+from onceflow.sdk.payloads import AgentRunInput, Phase
+from onceflow.workflows.compensation import compensation_workflow_id
 from tests.support.downstream import DOWNSTREAM, toolset
 from tests.support.history import history_events, reset_run, workflow_task_completed_after
 from tests.test_agent_run import wait_for_phase
 from tests.workflow_harness import Harness, running_worker
-from workflows.compensation import compensation_workflow_id
 
 # Credit the order's account (undoable, completes), then a second account whose credit hangs.
 SCRIPT = [

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     CallIdentity,
     FailureKind,
     Guard,

@@ -18,12 +18,13 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.store import BillingStore
-from ledger import CallIdentity, FailureKind, Ledger, SideEffect, Status
-from onceflow.agents import AgentRegistry, build_registry
+from onceflow.examples.billing.store import BillingStore
+from onceflow.ledger import CallIdentity, FailureKind, Ledger, SideEffect, Status
 from onceflow.mcp.runtime import McpToolsets, mcp_toolsets
 from onceflow.mcp.tools import McpTool
-from onceflow.payloads import ResolveSignal, ToolOutcome
+from onceflow.runtime.agents import AgentRegistry, build_registry
+from onceflow.sdk.payloads import ResolveSignal, ToolOutcome
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.mcp_servers import (
     CREDIT_SCRIPT,
@@ -36,7 +37,6 @@ from tests.support.mcp_servers import (
     wait_until,
 )
 from tests.workflow_harness import running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 
 @pytest.fixture(scope="module")

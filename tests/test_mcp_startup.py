@@ -17,14 +17,14 @@ import yaml
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
-from ledger import Ledger, Status
-from onceflow.agents import AgentConfigError, build_registry
-from onceflow.cli import app
-from onceflow.client import start_run
-from onceflow.config import Settings
+from onceflow.cli.commands import app
+from onceflow.ledger import Ledger, Status
 from onceflow.mcp.runtime import McpStartupError, mcp_toolsets
-from onceflow.payloads import AgentRunInput
-from onceflow.worker import run_worker
+from onceflow.runtime.agents import AgentConfigError, build_registry
+from onceflow.runtime.client import start_run
+from onceflow.runtime.config import Settings
+from onceflow.runtime.worker import run_worker
+from onceflow.sdk.payloads import AgentRunInput
 from tests.support.mcp_servers import CREDIT_SCRIPT, agent, received, stdio_server, wait_until
 
 

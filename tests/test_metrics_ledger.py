@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ledger import (
+from onceflow import metrics
+from onceflow.ledger import (
     CallIdentity,
     EventSource,
     Guard,
@@ -19,8 +20,7 @@ from ledger import (
     SideEffect,
     Status,
 )
-from ledger.queue import queue_figures
-from onceflow import metrics
+from onceflow.ledger.queue import queue_figures
 
 ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500}
 

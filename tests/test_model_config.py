@@ -15,10 +15,10 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger
-from onceflow.agents import AgentConfigError, check_models, load_agents
-from onceflow.config import Settings
-from onceflow.worker import run_worker
+from onceflow.ledger import Ledger
+from onceflow.runtime.agents import AgentConfigError, check_models, load_agents
+from onceflow.runtime.config import Settings
+from onceflow.runtime.worker import run_worker
 from tests.workflow_harness import running_worker
 
 REPO = Path(__file__).resolve().parent.parent

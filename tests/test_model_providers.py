@@ -24,14 +24,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, Status
-from onceflow.agents import Agent, AgentConfig, AgentRegistry
-from onceflow.keys import call_key
-from onceflow.payloads import AgentRunResult, TokenUsage
+from onceflow.ledger import Ledger, Status
+from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
+from onceflow.sdk.keys import call_key
+from onceflow.sdk.payloads import AgentRunResult, TokenUsage
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.downstream import DOWNSTREAM, issue_credit, lookup_order
 from tests.support.model_server import Answer, Call, Fault, Hang, ModelServer, Provider, serving
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 KEY_ENV = "ONCEFLOW_TEST_MODEL_KEY"
 KEY = "sk-test-0123456789abcdefSECRET"

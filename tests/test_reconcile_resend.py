@@ -22,9 +22,9 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient
-from ledger import FailureKind, Ledger, Status, ToolExecutionRecord
-from onceflow.agents import build_registry
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import FailureKind, Ledger, Status, ToolExecutionRecord
+from onceflow.runtime.agents import build_registry
 from tests.support.processes import ChildProcesses, start_billing_service
 from tests.support.receiver_tools import CLOSED_WINDOW, FAULTS_BY_KEY, HOOK_ASKED
 from tests.support.waiting import eventually

@@ -25,10 +25,10 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from activities.model import ModelActivities
-    from activities.tools import ToolActivities
-    from ledger.status import SETTLED, SideEffect, Status
-    from onceflow.constants import (
+    from onceflow.activities.model import ModelActivities
+    from onceflow.activities.tools import ToolActivities
+    from onceflow.ledger.status import SETTLED, SideEffect, Status
+    from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
         AGENT,
         CONFLICT_KEYS,
@@ -40,8 +40,8 @@ with workflow.unsafe.imports_passed_through():
         READ_RETRY,
         TENANT,
     )
-    from onceflow.keys import mint_tool_call_ids
-    from onceflow.payloads import (
+    from onceflow.sdk.keys import mint_tool_call_ids
+    from onceflow.sdk.payloads import (
         AgentRunInput,
         AgentRunResult,
         AgentSpec,
@@ -59,8 +59,8 @@ with workflow.unsafe.imports_passed_through():
         ToolSpec,
     )
 
-from workflows.conversation import Conversation
-from workflows.write_calls import WriteCalls, call_summary
+from onceflow.workflows.conversation import Conversation
+from onceflow.workflows.write_calls import WriteCalls, call_summary
 
 # Patches (workflow.patched): runs started before a patch replay without it. See docs/operations.md.
 # Model turns take the conversation by reference (stored beside the ledger) instead of inline.

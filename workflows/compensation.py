@@ -15,10 +15,10 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.compensation import CompensationActivities
-    from activities.ledger_steps import LedgerActivities
-    from ledger.status import Status
-    from onceflow.constants import (
+    from onceflow.activities.compensation import CompensationActivities
+    from onceflow.activities.ledger_steps import LedgerActivities
+    from onceflow.ledger.status import Status
+    from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
         UNRESOLVED_KEYS,
         WRITE_ONCE,
     )
-    from onceflow.payloads import (
+    from onceflow.sdk.payloads import (
         CallRef,
         CompensationInput,
         CompensationPlan,

@@ -21,10 +21,10 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from activities.ledger_steps import LedgerActivities
-    from activities.tools import ToolActivities
-    from ledger.status import SETTLED, Status
-    from onceflow.constants import (
+    from onceflow.activities.ledger_steps import LedgerActivities
+    from onceflow.activities.tools import ToolActivities
+    from onceflow.ledger.status import SETTLED, Status
+    from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
         ERR_BUDGET_LIMIT_UNAVAILABLE,
         ERR_CALL_INDETERMINATE,
@@ -43,8 +43,8 @@ with workflow.unsafe.imports_passed_through():
         UNRESOLVED_KEYS,
         WRITE_ONCE,
     )
-    from onceflow.keys import call_key
-    from onceflow.payloads import (
+    from onceflow.sdk.keys import call_key
+    from onceflow.sdk.payloads import (
         AgentSpec,
         CallRef,
         CallSummary,
@@ -59,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
         ToolOutcome,
         ToolSpec,
     )
-    from workflows.reconcile import ReconcileWorkflow, reconcile_workflow_id
+    from onceflow.workflows.reconcile import ReconcileWorkflow, reconcile_workflow_id
 
 # A write activity that failed in an unexpected way before reserving is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3

@@ -11,13 +11,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from examples.billing.client import (
-    BillingClient,
-    BillingConflict,
-    BillingLocked,
-    BillingPolicyRefused,
-    BillingRejected,
-)
 from onceflow import (
     Guards,
     ReconcileOutcome,
@@ -30,7 +23,14 @@ from onceflow import (
     external,
     read,
 )
-from onceflow.config import env
+from onceflow.examples.billing.client import (
+    BillingClient,
+    BillingConflict,
+    BillingLocked,
+    BillingPolicyRefused,
+    BillingRejected,
+)
+from onceflow.runtime.config import env
 
 CREDIT_TIMEOUT = timedelta(seconds=3)
 

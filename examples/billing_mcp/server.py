@@ -41,17 +41,17 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
-from onceflow.extras import needs_extra
+from onceflow.local.extras import needs_extra
 
 with needs_extra("mcp"):
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
-from examples.billing.faults import Fault
-from examples.billing.models import CreditRequest, FaultMode, seeded_order
-from examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
-from examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced
+from onceflow.examples.billing.faults import Fault
+from onceflow.examples.billing.models import CreditRequest, FaultMode, seeded_order
+from onceflow.examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
+from onceflow.examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced
 from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY
 
 FAULTS_ENV = "BILLING_MCP_FAULTS"

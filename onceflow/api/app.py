@@ -19,23 +19,9 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
-from activities.compensation import COMPENSATION_SUFFIX, compensation_key
-from activities.held import wake_held
-from ledger import (
-    ConflictNotOpenError,
-    EventSource,
-    EvidenceRequiredError,
-    HeldCallError,
-    InvalidTransitionError,
-    Ledger,
-    OperatorToken,
-    OperatorTokens,
-    RecordNotFoundError,
-    Status,
-    ToolExecutionRecord,
-)
 from onceflow import metrics
-from onceflow.agents import AgentRegistry
+from onceflow.activities.compensation import COMPENSATION_SUFFIX, compensation_key
+from onceflow.activities.held import wake_held
 from onceflow.api.auth import Operator, RequireToken
 from onceflow.api.console import install_console
 from onceflow.api.models import (
@@ -49,9 +35,23 @@ from onceflow.api.models import (
     ToolExecutionList,
     ToolExecutionView,
 )
-from onceflow.payloads import CompensationInput, ConflictSignal, ResolveSignal
-from onceflow.problems import PROBLEM_MEDIA_TYPE, Problem, install_problem_handlers
-from workflows.compensation import CompensationWorkflow, compensation_workflow_id
+from onceflow.api.problems import PROBLEM_MEDIA_TYPE, Problem, install_problem_handlers
+from onceflow.ledger import (
+    ConflictNotOpenError,
+    EventSource,
+    EvidenceRequiredError,
+    HeldCallError,
+    InvalidTransitionError,
+    Ledger,
+    OperatorToken,
+    OperatorTokens,
+    RecordNotFoundError,
+    Status,
+    ToolExecutionRecord,
+)
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.sdk.payloads import CompensationInput, ConflictSignal, ResolveSignal
+from onceflow.workflows.compensation import CompensationWorkflow, compensation_workflow_id
 
 log = logging.getLogger("onceflow.api")
 

@@ -17,20 +17,20 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
-from examples.billing.client import BillingClient
-from ledger import Ledger
-from onceflow.client import connect, start_run
-from onceflow.config import Settings
-from onceflow.constants import PHASE, UNRESOLVED_KEYS
 from onceflow.drill.kills import Killer
 from onceflow.drill.points import arm, still_armed
 from onceflow.drill.processes import NAMESPACE, TASK_QUEUE, DrillProcesses
 from onceflow.drill.report import DrillReport, RunEnd, collect_report
 from onceflow.drill.reserve import ReserveTrap
 from onceflow.drill.scenario import AGENT, AGENTS_YAML, HANG_SECONDS, TENANT, PlannedRun, plan_runs
-from onceflow.payloads import AgentRunInput, AgentRunResult, Phase
-from workflows.agent_run import AgentRunWorkflow
-from workflows.reconcile import reconcile_workflow_id
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import Ledger
+from onceflow.runtime.client import connect, start_run
+from onceflow.runtime.config import Settings
+from onceflow.runtime.constants import PHASE, UNRESOLVED_KEYS
+from onceflow.sdk.payloads import AgentRunInput, AgentRunResult, Phase
+from onceflow.workflows.agent_run import AgentRunWorkflow
+from onceflow.workflows.reconcile import reconcile_workflow_id
 
 RunHandle = WorkflowHandle[AgentRunWorkflow, AgentRunResult]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import SideEffect
+from onceflow.ledger import SideEffect
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ledger import SideEffect
-from onceflow.tools import Guards
+from onceflow.ledger import SideEffect
+from onceflow.sdk.tools import Guards
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_MCP_TIMEOUT = timedelta(seconds=10)
@@ -38,8 +38,8 @@ class McpConfigError(ValueError):
 
 
 def _duration(value: Any) -> timedelta:
-    # Imported here: onceflow.agents imports this module to validate agents.yaml.
-    from onceflow.agents import parse_duration
+    # Imported here: onceflow.runtime.agents imports this module to validate agents.yaml.
+    from onceflow.runtime.agents import parse_duration
 
     duration = parse_duration(value)
     if duration <= timedelta(0):

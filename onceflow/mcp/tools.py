@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 from onceflow.mcp.classify import Classification
 from onceflow.mcp.connection import McpConnection, McpUnavailableError
 from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY
-from onceflow.tools import (
+from onceflow.sdk.tools import (
     REPLACES_ARGUMENT,
     Effect,
     Guards,
@@ -116,7 +116,7 @@ class McpTool(Tool):
     def json_schema(self) -> dict[str, Any]:
         parameters = self.input_schema
         if self.guards.replaceable:
-            # The `replaces` argument as every replaceable tool describes it (see onceflow.tools).
+            # The `replaces` argument as every replaceable tool describes it (see onceflow.sdk.tools).
             described = super().json_schema()["parameters"]["properties"][REPLACES_ARGUMENT]
             properties = {**(parameters.get("properties") or {}), REPLACES_ARGUMENT: described}
             parameters = {**parameters, "properties": properties}

@@ -14,7 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from onceflow.models.errors import status_error, transport_error, unreadable_answer
-from onceflow.payloads import Message, ModelCallInput, ModelTurn, TokenUsage, ToolCall
+from onceflow.sdk.payloads import Message, ModelCallInput, ModelTurn, TokenUsage, ToolCall
 
 if TYPE_CHECKING:
     from onceflow.models.config import AnthropicConfig

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from onceflow.models import Model
 from onceflow.models.scripted import ScriptedModel, ScriptTurn
-from onceflow.payloads import ModelSpec
+from onceflow.sdk.payloads import ModelSpec
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENV_REFERENCE = re.compile(r"\$\{([^}]*)\}")
@@ -35,7 +35,7 @@ KEYLESS_PLACEHOLDER = "no-key"
 
 
 def _seconds(value: Any) -> timedelta:
-    from onceflow.agents import parse_duration  # agents.py imports this module; keep the cycle lazy
+    from onceflow.runtime.agents import parse_duration  # agents.py imports this module; keep the cycle lazy
 
     duration = parse_duration(value)
     if duration <= timedelta(0):

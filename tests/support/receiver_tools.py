@@ -13,10 +13,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from examples.billing.client import BillingClient
-from examples.billing.tools import send_credit
 from onceflow import ReconcileOutcome, ToolContext, ToolRefusedError, Toolset, external, read
-from onceflow.config import env
+from onceflow.examples.billing.client import BillingClient
+from onceflow.examples.billing.tools import send_credit
+from onceflow.runtime.config import env
 
 TOOL_TIMEOUT = timedelta(seconds=1)
 # How long the billing service behind these tools honours a key (it keeps keys for good, so a day

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from onceflow.tools import READ_ATTEMPTS, Guards, Tool
+from onceflow.sdk.tools import READ_ATTEMPTS, Guards, Tool
 
 # Argument names that look like a deduplication key. The key is onceflow's to make, never the model's.
 _KEY_LIKE = re.compile(r"idempot|dedup|(^|_)idem(_|$)|request_?id$|^key$", re.IGNORECASE)

@@ -14,10 +14,10 @@ from typing import Annotated, Any
 
 import typer
 
-from onceflow.config import Settings
-from onceflow.executions_cli import executions_app
-from onceflow.ledger_cli import ledger_app
+from onceflow.cli.executions import executions_app
+from onceflow.cli.ledger import ledger_app
 from onceflow.mcp.inspect import mcp_app
+from onceflow.runtime.config import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agent tool calls that take effect once.")
 run_app = typer.Typer(no_args_is_help=True, help="Start and inspect agent runs.")
@@ -49,7 +49,7 @@ def _exit_now(code: int) -> None:
 
 def _use_stack_environment(data_dir: Path) -> None:
     """Point this process at a running `onceflow dev` unless the environment already says where to go."""
-    from onceflow.dev import running_stack
+    from onceflow.cli.dev import running_stack
 
     info = running_stack(data_dir.resolve())
     if info is None:
@@ -67,7 +67,7 @@ def dev(
     api_port: ApiPort = 8082,
 ) -> None:
     """Run Temporal, PostgreSQL, the billing example, a worker and the operator API. Ctrl-C stops all."""
-    from onceflow.dev import DevStack, StackBusyError, StackConfig
+    from onceflow.cli.dev import DevStack, StackBusyError, StackConfig
 
     config = StackConfig(data_dir, temporal_port, ui_port, billing_port, api_port)
 
@@ -121,8 +121,8 @@ def demo(
     report: Annotated[Path | None, typer.Option(help="Also write the results as JSON here.")] = None,
 ) -> None:
     """Run the scenarios on a running `onceflow dev`, or on a stack started just for the demo."""
-    from onceflow.demo import run_demo
-    from onceflow.dev import DevStack, StackConfig, running_stack
+    from onceflow.cli.demo import run_demo
+    from onceflow.cli.dev import DevStack, StackConfig, running_stack
 
     async def main() -> bool:
         info = running_stack(data_dir.resolve())
@@ -163,8 +163,8 @@ def run_start(
     data_dir: DataDir = Path(".onceflow"),
 ) -> None:
     """Start an agent run and print its id."""
-    from onceflow.client import RunIdTakenError, connect, start_run
-    from onceflow.payloads import AgentRunInput
+    from onceflow.runtime.client import RunIdTakenError, connect, start_run
+    from onceflow.sdk.payloads import AgentRunInput
 
     _use_stack_environment(data_dir)
 
@@ -199,7 +199,7 @@ def worker(
 ) -> None:
     """Run a worker (same as `python worker.py`)."""
     if check:
-        from onceflow.worker import check_configuration
+        from onceflow.runtime.worker import check_configuration
 
         problem, summary = check_configuration(Settings.from_env())
         if problem:
@@ -207,7 +207,7 @@ def worker(
             raise typer.Exit(1)
         typer.echo(summary)
         return
-    from onceflow.worker import main
+    from onceflow.runtime.worker import main
 
     main()
 
@@ -219,7 +219,7 @@ def health(
     ] = 30,
 ) -> None:
     """Exit 0 if the worker or API writing ONCEFLOW_HEALTH_FILE passed its probe recently."""
-    from onceflow.health import heartbeat_problem
+    from onceflow.runtime.health import heartbeat_problem
 
     path = Settings.from_env().health_file
     if not path:
@@ -235,7 +235,7 @@ def health(
 @app.command()
 def migrate(database_url: Annotated[str | None, typer.Option(envvar="ONCEFLOW_DATABASE_URL")] = None) -> None:
     """Apply the ledger's migrations."""
-    from ledger import migrate as apply
+    from onceflow.ledger import migrate as apply
 
     if not database_url:
         typer.echo("set ONCEFLOW_DATABASE_URL or pass --database-url", err=True)
@@ -270,7 +270,7 @@ def _tokens(database_url: str | None) -> Any:
     if not database_url:
         typer.echo("set ONCEFLOW_DATABASE_URL or pass --database-url", err=True)
         raise typer.Exit(2)
-    from ledger import Ledger, OperatorTokens, migrate
+    from onceflow.ledger import Ledger, OperatorTokens, migrate
 
     async def open_tokens() -> tuple[Ledger, OperatorTokens]:
         await migrate(database_url)
@@ -287,7 +287,7 @@ def tokens_create(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create a token and print it once. Only its SHA-256 is stored."""
-    from ledger import ReasonRequiredError
+    from onceflow.ledger import ReasonRequiredError
 
     open_tokens = _tokens(database_url)
 
@@ -313,7 +313,7 @@ def tokens_revoke(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Revoke a token: every request with it answers 401 from now on."""
-    from ledger import TokenNotFoundError
+    from onceflow.ledger import TokenNotFoundError
 
     open_tokens = _tokens(database_url)
 
@@ -400,7 +400,7 @@ def drill(
 
 
 def main() -> None:
-    from onceflow.extras import MissingExtraError
+    from onceflow.local.extras import MissingExtraError
 
     try:
         app()

@@ -21,7 +21,7 @@ from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from ledger import Guard, SideEffect, ToolExecutionRecord
+from onceflow.ledger import Guard, SideEffect, ToolExecutionRecord
 
 DEFAULT_TOOL_TIMEOUT = timedelta(seconds=10)
 _CURRENCY = re.compile(r"[A-Z][A-Z0-9]{1,11}")  # as ledger.guards checks it

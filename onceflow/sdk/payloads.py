@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.status import FailureKind, SideEffect, Status
+from onceflow.ledger.status import FailureKind, SideEffect, Status
 
 
 class _Frozen(BaseModel):
@@ -86,7 +86,7 @@ class ResolveSignal(BaseModel):
 
 
 class ToolCall(_Frozen):
-    # As the provider sent it ("" for none) until the workflow mints the run's own (onceflow/keys.py).
+    # As the provider sent it ("" for none) until the workflow mints the run's own (onceflow/sdk/keys.py).
     id: str
     name: str
     arguments: dict[str, Any]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger import SideEffect
-from onceflow.tools import Tool
+from onceflow.ledger import SideEffect
+from onceflow.sdk.tools import Tool
 
 
 def schema_arguments(schema: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:

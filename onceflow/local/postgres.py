@@ -14,8 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from onceflow._pg_watchdog import STOPPED
-from onceflow.extras import needs_extra
+from onceflow.local.extras import needs_extra
+from onceflow.local.watchdog import STOPPED
 
 DATABASE_URL_ENV = "ONCEFLOW_DATABASE_URL"
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -99,7 +99,7 @@ class EmbeddedPostgres:
 
 
 def _start_watchdog(data_dir: Path, remove: Path | None) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "onceflow._pg_watchdog", str(data_dir)]
+    command = [sys.executable, "-m", "onceflow.local.watchdog", str(data_dir)]
     if remove is not None:
         command += ["--remove", str(remove)]
     return subprocess.Popen(

@@ -15,11 +15,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.runtime import Runtime
 
-from onceflow.config import Settings
-from onceflow.constants import SEARCH_ATTRIBUTES
-from onceflow.payloads import AgentRunInput, AgentRunResult
-from onceflow.telemetry import configure_tracing, tracing_interceptor
-from workflows.agent_run import AgentRunWorkflow
+from onceflow.runtime.config import Settings
+from onceflow.runtime.constants import SEARCH_ATTRIBUTES
+from onceflow.runtime.telemetry import configure_tracing, tracing_interceptor
+from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
+from onceflow.workflows.agent_run import AgentRunWorkflow
 
 
 class RunIdTakenError(ValueError):

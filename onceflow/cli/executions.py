@@ -31,7 +31,7 @@ from urllib.parse import quote
 import httpx
 import typer
 
-from onceflow.executions_guards import LINEAGE_HEADERS, guard_fields, lineage_rows
+from onceflow.cli.executions_guards import LINEAGE_HEADERS, guard_fields, lineage_rows
 
 DEFAULT_API = "http://127.0.0.1:8082"
 

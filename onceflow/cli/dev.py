@@ -22,13 +22,13 @@ from typing import IO
 import httpx
 from temporalio.client import Client
 
-from ledger import migrate
-from onceflow.agents import AgentConfigError, load_agents
-from onceflow.client import search_attribute_flags
-from onceflow.config import ENVIRONMENT, env
-from onceflow.extras import MissingExtraError, require_extra
-from onceflow.postgres import EmbeddedPostgres, configured_database_url, create_database
-from onceflow.shutdown import SHUTDOWN_GRACE_ENV, ShutdownGraceError, shutdown_grace
+from onceflow.ledger import migrate
+from onceflow.local.extras import MissingExtraError, require_extra
+from onceflow.local.postgres import EmbeddedPostgres, configured_database_url, create_database
+from onceflow.runtime.agents import AgentConfigError, load_agents
+from onceflow.runtime.client import search_attribute_flags
+from onceflow.runtime.config import ENVIRONMENT, env
+from onceflow.runtime.shutdown import SHUTDOWN_GRACE_ENV, ShutdownGraceError, shutdown_grace
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LEDGER_DATABASE = "onceflow"
@@ -133,7 +133,7 @@ class DevStack:
             [
                 sys.executable,
                 "-m",
-                "examples.billing.service",
+                "onceflow.examples.billing.service",
                 "--host",
                 cfg.host,
                 "--port",
@@ -156,10 +156,19 @@ class DevStack:
         await _wait_for_http(f"{billing_url}/health", "the billing service")
         app_env = {**os.environ, **info.environment(), "ONCEFLOW_AGENTS": self._agents_path()}
         if cfg.worker:
-            self._spawn("worker", [sys.executable, "-m", "onceflow.worker"], env=app_env)
+            self._spawn("worker", [sys.executable, "-m", "onceflow.runtime.worker"], env=app_env)
         self._spawn(
             "api",
-            [sys.executable, "-m", "onceflow.cli", "api", "--host", cfg.host, "--port", str(cfg.api_port)],
+            [
+                sys.executable,
+                "-m",
+                "onceflow.cli.commands",
+                "api",
+                "--host",
+                cfg.host,
+                "--port",
+                str(cfg.api_port),
+            ],
             env=app_env,
         )
         await _wait_for_http(f"{info.api_url}/healthz", "the operator API")

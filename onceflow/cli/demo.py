@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 
-from examples.billing.client import BillingClient
-from ledger import Ledger, OperatorTokens, Status, ToolExecutionRecord
-from onceflow.client import connect, start_run
-from onceflow.config import Settings
-from onceflow.dev import StackInfo
-from onceflow.payloads import AgentRunInput, Phase
-from workflows.agent_run import AgentRunWorkflow
+from onceflow.cli.dev import StackInfo
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import Ledger, OperatorTokens, Status, ToolExecutionRecord
+from onceflow.runtime.client import connect, start_run
+from onceflow.runtime.config import Settings
+from onceflow.sdk.payloads import AgentRunInput, Phase
+from onceflow.workflows.agent_run import AgentRunWorkflow
 
 TENANT = "demo"
 CREDIT_CALL = "call_1_0"  # the second model turn's only call: issue_credit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from onceflow.constants import TASK_QUEUE
+from onceflow.runtime.constants import TASK_QUEUE
 
 # Every variable the worker and the operator API read, with its default. README.md documents each.
 ENVIRONMENT = {
@@ -20,9 +20,9 @@ ENVIRONMENT = {
     "ONCEFLOW_HEALTH_FILE": "",
 }
 # Read by the worker only. ONCEFLOW_SHUTDOWN_GRACE: seconds a SIGTERMed worker lets in-flight
-# activities finish; unset means the longest tool timeout plus margins (see onceflow/worker.py).
+# activities finish; unset means the longest tool timeout plus margins (see onceflow/runtime/worker.py).
 # ONCEFLOW_AGENTS_ENABLED: which agents it must serve (comma-separated names); unset, it serves every
-# agent whose model it can build and names the others in its log (onceflow/agents.py, check_models).
+# agent whose model it can build and names the others in its log (onceflow/runtime/agents.py, check_models).
 # ONCEFLOW_TEMPORAL_METRICS_PORT: where the Temporal SDK serves its worker metrics when
 # OTEL_METRICS_EXPORTER includes prometheus (onceflow/metrics.py; onceflow's own are on
 # OTEL_EXPORTER_PROMETHEUS_PORT).

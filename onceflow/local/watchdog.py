@@ -1,6 +1,6 @@
 """Stop an embedded PostgreSQL once the process that started it is gone, however it went.
 
-`python -m onceflow._pg_watchdog DATA_DIR [--remove DIR]`, with stdin a pipe from that process.
+`python -m onceflow.local.watchdog DATA_DIR [--remove DIR]`, with stdin a pipe from that process.
 pg_ctl detaches the server into a session of its own, so nothing else ends it when its owner is
 SIGKILLed. The kernel closes the owner's end of the pipe when the owner exits, for any reason: end
 of file on stdin is the news. An owner that stops the server itself writes `stopped` first, and the

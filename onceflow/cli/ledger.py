@@ -40,8 +40,8 @@ def purge(
     ] = None,
 ) -> None:
     """Purge settled calls (completed, failed, denied, compensated) older than the retention age."""
-    from ledger import Ledger, migrate
-    from ledger.retention import parse_age, purge_settled
+    from onceflow.ledger import Ledger, migrate
+    from onceflow.ledger.retention import parse_age, purge_settled
 
     if not database_url:
         typer.echo("set ONCEFLOW_DATABASE_URL or pass --database-url", err=True)

@@ -21,13 +21,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from onceflow.guard_sources import limit_source_problems
 from onceflow.mcp.config import McpServerConfig
 from onceflow.models import Model
 from onceflow.models.config import ModelConfig, resolve_model_wrapper
-from onceflow.payloads import AgentSpec, ToolPolicySpec, ToolSpec
-from onceflow.testing import tool_contract_problems
-from onceflow.tools import Tool, Toolset
+from onceflow.sdk.guard_sources import limit_source_problems
+from onceflow.sdk.payloads import AgentSpec, ToolPolicySpec, ToolSpec
+from onceflow.sdk.testing import tool_contract_problems
+from onceflow.sdk.tools import Tool, Toolset
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from datetime import timedelta
 
-from onceflow.agents import AgentRegistry
-from onceflow.constants import ACTIVITY_MARGIN
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import ACTIVITY_MARGIN
 
 SHUTDOWN_GRACE_ENV = "ONCEFLOW_SHUTDOWN_GRACE"
 # Beyond the minimum when nothing is configured: time to report the last completions to Temporal.

@@ -16,20 +16,20 @@ import asyncpg
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities import all_activities, default_identity
-from ledger import Ledger, LedgerError, migrate
-from onceflow.agents import AgentConfigError, AgentRegistry, check_models, load_agents
-from onceflow.client import connect, ensure_search_attributes
-from onceflow.config import Settings
-from onceflow.health import keep_heartbeat, probe, remove_heartbeat
+from onceflow.activities import all_activities, default_identity
+from onceflow.ledger import Ledger, LedgerError, migrate
 from onceflow.metrics import configure_metrics, temporal_runtime
-from onceflow.shutdown import ShutdownGraceError, shutdown_grace
-from workflows import ALL_WORKFLOWS
+from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_models, load_agents
+from onceflow.runtime.client import connect, ensure_search_attributes
+from onceflow.runtime.config import Settings
+from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
+from onceflow.runtime.shutdown import ShutdownGraceError, shutdown_grace
+from onceflow.workflows import ALL_WORKFLOWS
 
 if TYPE_CHECKING:
     from onceflow.mcp.runtime import McpToolsets
 
-log = logging.getLogger("onceflow.worker")
+log = logging.getLogger("onceflow.runtime.worker")
 
 
 def build_worker(

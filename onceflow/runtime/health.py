@@ -26,9 +26,9 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from ledger import Ledger
+from onceflow.ledger import Ledger
 
-log = logging.getLogger("onceflow.health")
+log = logging.getLogger("onceflow.runtime.health")
 
 PROBE_INTERVAL = 10.0  # seconds between probes
 RETRY_INTERVAL = 2.0  # after a failed probe (also while the worker starts): look again sooner

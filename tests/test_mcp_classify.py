@@ -12,12 +12,12 @@ from mcp.types import Tool as McpListedTool
 
 from onceflow.ledger import SideEffect
 from onceflow.mcp import Hints, McpConfigError, McpServerConfig, classify
-from onceflow.mcp.config import expand_variables
 from onceflow.mcp.meta import REFUSED_META_KEY
 from onceflow.mcp.runtime import plan_server
 from onceflow.mcp.tools import is_policy_refusal, lookup_outcome
 from onceflow.runtime.agents import AgentConfigError, build_registry, load_agents
 from onceflow.sdk.tools import OutcomeStatus
+from onceflow.sdk.variables import expand_variables
 
 
 @pytest.mark.parametrize(

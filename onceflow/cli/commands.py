@@ -380,7 +380,7 @@ def drill(
     """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
     receiver that honours no idempotency key."""
     from onceflow.drill.cli import run_from_cli
-    from onceflow.drill.runner import DrillConfig
+    from onceflow.drill.scenario import DrillConfig
 
     if sabotage_intent not in (None, "allow", "hold"):
         raise typer.BadParameter("allow or hold", param_hint="--sabotage-intent")

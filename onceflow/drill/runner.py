@@ -22,7 +22,15 @@ from onceflow.drill.points import arm, still_armed
 from onceflow.drill.processes import NAMESPACE, TASK_QUEUE, DrillProcesses
 from onceflow.drill.report import DrillReport, RunEnd, collect_report
 from onceflow.drill.reserve import ReserveTrap
-from onceflow.drill.scenario import AGENT, AGENTS_YAML, HANG_SECONDS, TENANT, PlannedRun, plan_runs
+from onceflow.drill.scenario import (
+    AGENT,
+    AGENTS_YAML,
+    HANG_SECONDS,
+    TENANT,
+    DrillConfig,
+    PlannedRun,
+    plan_runs,
+)
 from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import Ledger
 from onceflow.runtime.client import connect, start_run
@@ -33,27 +41,6 @@ from onceflow.workflows.agent_run import AgentRunWorkflow
 from onceflow.workflows.reconcile import reconcile_workflow_id
 
 RunHandle = WorkflowHandle[AgentRunWorkflow, AgentRunResult]
-
-
-@dataclass(frozen=True)
-class DrillConfig:
-    runs: int = 200
-    seed: int = 1
-    data_dir: Path = Path(".onceflow/drills")
-    report: Path | None = None
-    workers: int = 2
-    concurrency: int = 8  # runs in flight at once
-    random_kills: bool = True
-    planned_kills: bool = True  # arm the kill points (off: only faults, and random kills if on)
-    kill_interval: tuple[float, float] = (3.0, 10.0)  # seconds between random kills
-    timeout: float = 1800.0  # give up on runs still going this long after the drill started
-    # Tests of the drill only: workers that send a write again after its timeout (sabotage.py).
-    sabotage: bool = False
-    # Tests of the drill only: the credit tool declared with this intent (allow or hold), not reuse.
-    sabotage_intent: str | None = None
-
-    def run_dir(self) -> Path:
-        return self.data_dir.resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{self.seed}-runs{self.runs}"
 
 
 @dataclass

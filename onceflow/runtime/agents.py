@@ -13,24 +13,21 @@ agents:
 from __future__ import annotations
 
 import importlib
-import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from onceflow.mcp.config import McpServerConfig
 from onceflow.models import Model
 from onceflow.models.config import ModelConfig, resolve_model_wrapper
+from onceflow.sdk.durations import PositiveDuration
 from onceflow.sdk.guard_sources import limit_source_problems
 from onceflow.sdk.payloads import AgentSpec, ToolPolicySpec, ToolSpec
 from onceflow.sdk.testing import tool_contract_problems
 from onceflow.sdk.tools import Tool, Toolset
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
 class AgentConfigError(ValueError):
@@ -44,47 +41,21 @@ class AgentConfigError(ValueError):
         self.problem = problem
 
 
-def parse_duration(value: Any) -> timedelta:
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(f"{value!r} is not a duration (examples: 30s, 10m, 2h)")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-
-
 class ToolPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     on_indeterminate: Literal["pause", "fail"] = "fail"
-    reconcile_deadline: timedelta = timedelta(hours=1)
-    reconcile_initial_interval: timedelta = timedelta(seconds=1)
-    reconcile_max_interval: timedelta = timedelta(minutes=5)
+    reconcile_deadline: PositiveDuration = timedelta(hours=1)
+    reconcile_initial_interval: PositiveDuration = timedelta(seconds=1)
+    reconcile_max_interval: PositiveDuration = timedelta(minutes=5)
     escalation_owner: str | None = None
     # How long a call of an `approval=True` tool waits for an operator; then it is denied.
-    approval_deadline: timedelta = timedelta(hours=24)
+    approval_deadline: PositiveDuration = timedelta(hours=24)
     # A paused call re-reads the ledger this often even when no signal comes (one may be lost).
-    recheck_interval: timedelta = timedelta(minutes=5)
+    recheck_interval: PositiveDuration = timedelta(minutes=5)
     # A tool result larger than this (as JSON) reaches the model as an error instead of the result,
     # and is not stored: one huge result must not swell every later turn and the run's history.
     max_result_bytes: int = Field(default=128 * 1024, ge=1024, le=2 * 1024 * 1024)
-
-    @field_validator(
-        "reconcile_deadline",
-        "reconcile_initial_interval",
-        "reconcile_max_interval",
-        "approval_deadline",
-        "recheck_interval",
-        mode="before",
-    )
-    @classmethod
-    def _duration(cls, value: Any) -> timedelta:
-        duration = parse_duration(value)
-        if duration <= timedelta(0):
-            raise ValueError("must be positive")
-        return duration
 
 
 class AgentConfig(BaseModel):

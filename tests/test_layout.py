@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+import onceflow
+
 PACKAGE = Path(__file__).resolve().parent.parent / "onceflow"
 
 # From the top plane down.
@@ -43,6 +45,8 @@ PLANES: list[tuple[str, list[str]]] = [
     ("ledger", ["onceflow.ledger"]),
     ("base", ["onceflow.sdk.keys", "onceflow.runtime.constants"]),
 ]
+# Public name -> the module `from onceflow import name` imports (onceflow/__init__.py).
+REEXPORTED: dict[str, str] = onceflow._MODULE_OF
 RANK = {plane: len(PLANES) - index for index, (plane, _) in enumerate(PLANES)}
 
 
@@ -118,6 +122,8 @@ def _imports(module: str, path: Path, *, at_import_time: bool = True) -> set[str
         source = _resolve(module, is_package, node)
         submodules = {f"{source}.{alias.name}" for alias in node.names} & MODULES.keys()
         named |= submodules
+        if source == "onceflow":  # a public name: `onceflow` imports its home module on first use
+            named |= {REEXPORTED[alias.name] for alias in node.names if alias.name in REEXPORTED}
         if len(submodules) < len(node.names):  # `from package import name` needs the package itself
             named.add(source)
     targets: set[str] = set()
@@ -233,6 +239,10 @@ def test_modules_that_once_went_round_in_a_circle_do_not(importer: str, imported
 def test_the_base_plane_imports_nothing_of_onceflow() -> None:
     base = [module for module in MODULES if _plane(module) == "base"]
     assert base and all(GRAPH[module] == set() for module in base)
+
+
+def test_a_public_name_imported_from_onceflow_counts_as_an_import_of_its_home() -> None:
+    assert "onceflow.sdk.tools" in GRAPH["onceflow.examples.billing.tools"]
 
 
 def test_the_top_package_imports_nothing_at_import_time() -> None:

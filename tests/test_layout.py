@@ -17,7 +17,7 @@ that matches a module decides its plane, so a module can sit below the rest of i
     adapters     agents.yaml (runtime/agents.py), model providers, MCP servers as toolsets
     sdk          what tool authors write against: tools, payloads, guard sources, durations
     ledger       the PostgreSQL ledger
-    base         call keys and the worker's constants (task queue, search attributes, retry
+    base         call keys, the worker's constants (task queue, search attributes, retry
                  policies): leaves that import nothing of onceflow, shared by workflows and ledger
 """
 
@@ -43,7 +43,7 @@ PLANES: list[tuple[str, list[str]]] = [
     ("adapters", ["onceflow.runtime.agents", "onceflow.models", "onceflow.mcp"]),
     ("sdk", ["onceflow.sdk"]),
     ("ledger", ["onceflow.ledger"]),
-    ("base", ["onceflow.sdk.keys", "onceflow.runtime.constants"]),
+    ("base", ["onceflow.sdk.keys", "onceflow.runtime.constants", "onceflow.metrics"]),
 ]
 # Public name -> the module `from onceflow import name` imports (onceflow/__init__.py).
 REEXPORTED: dict[str, str] = onceflow._MODULE_OF

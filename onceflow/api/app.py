@@ -19,9 +19,9 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
-from onceflow import metrics
 from onceflow.activities.compensation import COMPENSATION_SUFFIX, compensation_key
 from onceflow.activities.held import wake_held
+from onceflow.api import metrics
 from onceflow.api.auth import Operator, RequireToken
 from onceflow.api.console import install_console
 from onceflow.api.models import (

@@ -57,7 +57,7 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 async def connect(settings: Settings | None = None, *, runtime: Runtime | None = None) -> Client:
     """A Temporal client with onceflow's data converter and tracing; `runtime`: the SDK's own
-    telemetry (a worker's metrics, onceflow.metrics.temporal_runtime), else its default."""
+    telemetry (a worker's metrics, onceflow.runtime.metrics_export.temporal_runtime), else its default."""
     settings = settings or Settings.from_env()
     configure_tracing()
     return await Client.connect(

@@ -18,11 +18,11 @@ from temporalio.worker import Worker
 
 from onceflow.activities import all_activities, default_identity
 from onceflow.ledger import Ledger, LedgerError, migrate
-from onceflow.metrics import configure_metrics, temporal_runtime
 from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_models, load_agents
 from onceflow.runtime.client import connect, ensure_search_attributes
 from onceflow.runtime.config import Settings
 from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
+from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
 from onceflow.runtime.shutdown import ShutdownGraceError, shutdown_grace
 from onceflow.workflows import ALL_WORKFLOWS
 

@@ -21,7 +21,7 @@ from onceflow import metrics
 from onceflow.activities.conflicts import tell_run_of_conflict
 from onceflow.activities.held import wake_held
 from onceflow.activities.outcomes import outcome_from_record
-from onceflow.activities.tools import send_once
+from onceflow.activities.tools import send_once, unkeepable_result
 from onceflow.ledger import (
     EventSource,
     FailureKind,
@@ -33,7 +33,7 @@ from onceflow.ledger import (
 )
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.constants import ACTIVITY_MARGIN
-from onceflow.sdk.payloads import OwnerOutcome, ReconcileInput, ToolOutcome
+from onceflow.sdk.payloads import OwnerOutcome, ReconcileInput, ToolOutcome, result_problem
 from onceflow.sdk.tools import OutcomeStatus, Tool, ToolContext
 
 RECONCILER = "reconciler"
@@ -42,6 +42,18 @@ RECONCILER = "reconciler"
 RESEND_MARGIN = ACTIVITY_MARGIN
 # Kept free at the end of this activity's own time, so a resend cut short is recorded as such.
 _SPARE_SECONDS = 1.0
+
+
+def _keepable(result: Any, evidence: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
+    """A lookup's or resend's answer as the ledger can store it: what JSON cannot carry (NaN,
+    Infinity) is left out and said so, and the settlement itself still lands."""
+    problem = result_problem(result)
+    if problem is not None:
+        result = {"result_omitted": unkeepable_result(problem)}
+    problem = result_problem(evidence)
+    if problem is not None:
+        evidence = {"evidence_omitted": f"the evidence given cannot be kept: {problem}"}
+    return result, evidence
 
 
 class ReconcileActivities:
@@ -180,6 +192,7 @@ class ReconcileActivities:
         result_reference: str | None = None,
         failure_kind: FailureKind = FailureKind.NOT_APPLIED,
     ) -> ToolOutcome:
+        result, evidence = _keepable(result, evidence)
         try:
             settled = await self.ledger.settle(
                 record.key,

@@ -34,7 +34,8 @@ UNAVAILABLE = (
 
 
 # Made once: json.dumps with any non-default option builds a new encoder on every call.
-_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+# allow_nan=False: NaN or Infinity is refused here (ValueError), never sent for PostgreSQL to refuse.
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
 
 
 def to_json(value: Any) -> str | None:

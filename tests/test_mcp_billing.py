@@ -127,7 +127,7 @@ async def test_worker_lists_the_servers_tools_and_classifies_them_by_annotations
     registry, _ = mcp_registry
     tools = registry.agent("credit").tools
     # find_credit is the reconcile lookup: the reconciler calls it, the model is not offered it.
-    assert sorted(tools) == ["issue_credit", "lookup_order", "send_statement"]
+    assert sorted(tools) == ["credit_allowance", "issue_credit", "lookup_order", "send_statement"]
     assert all(isinstance(tool, McpTool) for tool in tools.values())
     assert tools["lookup_order"].side_effect is SideEffect.READ
     assert tools["lookup_order"].effect.max_attempts == 3

@@ -111,6 +111,7 @@ def test_inspect_prints_each_tool_with_its_class_and_why(tmp_path: Path) -> None
     tools = {tool["name"]: tool for tool in report["tools"]}
     assert {name: (t["class"], t["attempts"], t["offered"]) for name, t in tools.items()} == {
         "lookup_order": ("read", 3, True),
+        "credit_allowance": ("read", 3, True),
         "issue_credit": ("external", 1, True),
         "find_credit": ("read", 3, False),
         "send_statement": ("write", 1, True),

@@ -260,11 +260,15 @@ class AgentRunWorkflow(WriteCalls):
         self, run_input: AgentRunInput, spec: AgentSpec, call: ToolCall, heard: list[str]
     ) -> ToolOutcome:
         tool = spec.tools.get(call.name)
+        info = workflow.info()
         tool_input = ToolCallInput(
-            run_id=workflow.info().workflow_id,
+            run_id=info.workflow_id,
             tenant=run_input.tenant,
             agent=spec.name,
             call=call,
+            # What the run's first write claims its run id with (ledger/run_ids.py): the same
+            # across a reset or continue-as-new of this run, different for any other run.
+            first_execution_run_id=info.first_execution_run_id,
             heard=heard,
         )
         if tool is None:

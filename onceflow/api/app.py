@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
@@ -24,6 +23,7 @@ from onceflow.activities.held import wake_held
 from onceflow.api import metrics
 from onceflow.api.auth import Operator, RequireToken
 from onceflow.api.console import install_console
+from onceflow.api.inputs import checked_query_dependency, install_input_checks
 from onceflow.api.models import (
     AcknowledgeRequest,
     ApproveRequest,
@@ -79,42 +79,6 @@ Key = Annotated[
 ]
 _STATUS_NAME = "(indeterminate|started|awaiting_approval|held)"
 STATUS_FILTER_PATTERN = rf"^{_STATUS_NAME}(,{_STATUS_NAME})*$"
-
-
-class _BodyLimit:
-    """Refuse request bodies over a size, whether announced by Content-Length or streamed."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._too_large(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise Problem(
-                    413, "body-too-large", "Body too large", f"bodies are limited to {self.limit} bytes"
-                )
-            return message
-
-        await self.app(scope, limited, send)
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        problem = Problem(
-            413, "body-too-large", "Body too large", f"bodies are limited to {self.limit} bytes"
-        )
-        await problem.response()(scope, receive, send)
 
 
 def _not_found(key: str) -> Problem:
@@ -186,29 +150,20 @@ def _require_json(request: Request) -> None:
         raise Problem(415, "unsupported-media-type", "Unsupported media type", "send application/json")
 
 
-def _each_query_parameter_once(request: Request) -> None:
-    params = request.query_params
-    repeated = sorted({name for name in params if len(params.getlist(name)) > 1})
-    if repeated:
-        # FastAPI would silently keep the last value: `status=a&status=b` would filter by b alone.
-        raise Problem(
-            400,
-            "invalid-request",
-            "Invalid request",
-            f"give each query parameter at most once (repeated: {', '.join(repeated)})",
-        )
-
-
 # POST routes take JSON only; checked before the body is parsed.
 JSON = [Depends(_require_json)]
-QUERY = [Depends(_each_query_parameter_once)]
+# Every route's query is checked (unknown or repeated parameters are refused) by inputs.py; this
+# names the same check for routes that want to say so.
+QUERY = [checked_query_dependency()]
 
 # Every error is a problem document, and malformed input is 400, not FastAPI's default 422 shape.
 # Declaring 4XX also keeps FastAPI from publishing that 422 body, which this API never sends.
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     "4XX": {
-        "description": "400 malformed input, 401 no valid token, 404 no such key for your tenant, "
-        "409 already decided or not allowed in its state, 413 body too large, 415 not JSON, "
+        "description": "400 malformed input (an unknown query parameter; `unreadable-body`: a body "
+        "that is not JSON the ledger can store, e.g. NaN or Infinity), 401 no valid token, 404 no such "
+        "key for your tenant, 409 already decided or not allowed in its state, 413 body too large "
+        "(`unreadable-body`), 415 not JSON, "
         "422 refused by a business rule.",
         "content": {PROBLEM_MEDIA_TYPE: {"schema": ProblemDocument.model_json_schema()}},
     }
@@ -226,8 +181,9 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
     app.state.ledger = ledger
     app.state.tokens = OperatorTokens(ledger)
     install_problem_handlers(app)
+    # Before any route is added, so every route (and every later one) inherits the checks.
+    install_input_checks(app, body_limit=MAX_BODY_BYTES)
     metrics.mount(app, ledger=ledger, registry=registry)  # /metrics, unauthenticated (onceflow.metrics)
-    app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES)
     # Added last, so it runs first: no token, no other answer than 401.
     app.add_middleware(RequireToken, tokens=app.state.tokens)
     install_console(app, namespace=client.namespace)

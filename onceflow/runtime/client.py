@@ -18,6 +18,7 @@ from temporalio.runtime import Runtime
 from onceflow.runtime.config import Settings
 from onceflow.runtime.constants import SEARCH_ATTRIBUTES
 from onceflow.runtime.telemetry import configure_tracing, tracing_interceptor
+from onceflow.sdk.keys import check_run_id
 from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
 from onceflow.workflows.agent_run import AgentRunWorkflow
 
@@ -80,8 +81,13 @@ async def start_run(
     run_id: str | None = None,
     task_queue: str | None = None,
 ) -> WorkflowHandle[AgentRunWorkflow, AgentRunResult]:
-    """Start an agent run. Refuses a run id that any earlier run, finished or not, has used."""
-    run_id = run_id or new_run_id()
+    """Start an agent run. Refuses a run id that keys cannot be built from (InvalidRunIdError: a
+    `:` in it, say) and one that an earlier run still known to Temporal has used (RunIdTakenError).
+
+    Temporal forgets a run past its retention; the ledger does not: a run id claimed by an earlier
+    run's first write is refused to this run's first write, whoever started it (ledger/run_ids.py).
+    """
+    run_id = check_run_id(run_id or new_run_id())
     try:
         return await client.start_workflow(
             AgentRunWorkflow.run,

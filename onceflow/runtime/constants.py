@@ -62,6 +62,8 @@ ERR_BUDGET_LIMIT_UNAVAILABLE = "BudgetLimitUnavailable"
 ERR_OUTCOME_NOT_RECORDED = "OutcomeNotRecorded"  # sent and answered, but the ledger write failed
 ERR_PAYLOAD_MISMATCH = "PayloadMismatch"
 ERR_TENANT_MISMATCH = "TenantMismatch"  # the key is recorded for another tenant
+ERR_RUN_ID_TAKEN = "RunIdTaken"  # another run claimed this run id (ledger/run_ids.py): nothing sent
+ERR_INVALID_RUN_ID = "InvalidRunId"  # a run id keys cannot be built from (a `:` in it): nothing sent
 ERR_CALL_INDETERMINATE = "CallIndeterminate"
 ERR_NO_COMPENSATION = "NoCompensation"  # the tool declares no compensation hook
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from onceflow.ledger.canonical import uncarried
 from onceflow.ledger.status import FailureKind, SideEffect, Status
 
 
@@ -198,6 +199,9 @@ class ToolCallInput(_Frozen):
     # conversation the model was given for the turn that produced `call`: the intent guard's twins
     # among them may be new effects, every other twin is the same intent (ledger/guards.py).
     heard: list[str] = []
+    # The Temporal run id of the run's first execution; a write claims the run id with it. None in
+    # inputs recorded before run ids were claimed (such a call claims nothing).
+    first_execution_run_id: str | None = None
 
 
 class ToolOutcome(_Frozen):
@@ -383,3 +387,19 @@ class ConflictSignal(_Frozen):
 
 RunStatus.model_rebuild()
 ModelTurn.model_rebuild()
+
+
+# -- what a result may hold ---------------------------------------------------------------------------
+
+# Results are not canonicalised (only arguments are), so big integers are fine; depth is bounded more
+# loosely than for arguments, since a tool's answer may legitimately nest.
+RESULT_MAX_DEPTH = 512
+
+
+def result_problem(value: Any) -> str | None:
+    """Why a tool's (or a lookup's) result cannot be stored or handed on as JSON, or None.
+
+    `value` is in JSON form (onceflow.sdk.tools.to_jsonable keeps NaN and the infinities, so that they are
+    seen here): JSON has no such numbers, and jsonb refuses them.
+    """
+    return uncarried(value, integers=False, max_depth=RESULT_MAX_DEPTH)

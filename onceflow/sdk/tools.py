@@ -154,6 +154,9 @@ class ToolContext:
     logger: logging.LoggerAdapter[logging.Logger] | logging.Logger = field(
         default_factory=lambda: logging.getLogger("onceflow.tool")
     )
+    # Set on a read made for a write (a budget's `limit_from` read): the write's key, while
+    # `idempotency_key` is the read's own, so no cache keyed on it answers the write with this read.
+    for_key: str | None = None
 
 
 class ToolNotAttemptedError(Exception):
@@ -378,8 +381,13 @@ def as_amount(value: Any) -> Decimal | None:
     return amount if amount.is_finite() and amount >= 0 else None
 
 
+# NaN and the infinities stay floats rather than quietly becoming null: whoever stores or hands on
+# the value sees them and says so (onceflow.sdk.payloads.result_problem).
+_JSONABLE = TypeAdapter(Any, config=ConfigDict(ser_json_inf_nan="constants"))
+
+
 def to_jsonable(value: Any) -> Any:
-    return TypeAdapter(Any).dump_python(value, mode="json")
+    return _JSONABLE.dump_python(value, mode="json")
 
 
 def _arguments_model(fn: ToolFunction, name: str, context_parameter: str | None) -> type[BaseModel]:

@@ -38,6 +38,7 @@ from onceflow.runtime.constants import (
     ERR_BUDGET_LIMIT_UNAVAILABLE,
     ERR_INVALID_RUN_ID,
     ERR_LEDGER_UNAVAILABLE,
+    ERR_NOT_A_READ,
     ERR_OUTCOME_NOT_RECORDED,
     ERR_PAYLOAD_MISMATCH,
     ERR_RUN_ID_TAKEN,
@@ -50,6 +51,7 @@ from onceflow.sdk.tools import (
     InvalidToolArgumentsError,
     Tool,
     ToolContext,
+    ToolKeyNotFoundError,
     ToolNotAttemptedError,
     ToolRefusedError,
     ToolRejectedError,
@@ -191,9 +193,23 @@ class ToolActivities:
 
     @activity.defn(name="run_read_tool")
     async def run_read_tool(self, tool_input: ToolCallInput) -> ToolOutcome:
-        """A read: no ledger, and an exception means Temporal tries again (three attempts)."""
+        """A read: no ledger, and an exception means Temporal tries again (three attempts).
+
+        The run chose this activity from the classes it was told at its start; this worker's own
+        class for the tool decides. A tool it classifies as changing the world (an annotation
+        corrected to `effect: external` since the run started) is refused, non-retryably, before
+        anything is called: it would otherwise run up to three times without a ledger key.
+        """
         tool = self.registry.tool(tool_input.agent, tool_input.call.name)
         call = tool_input.call
+        if tool.effect.changes_the_world:
+            raise ApplicationError(
+                f"{call.name} was not called: this worker classifies it as {tool.side_effect}, not "
+                "read, and a call that changes the world is never sent as a read (retried, with no "
+                "ledger key). Runs started after the change send it as a write.",
+                type=ERR_NOT_A_READ,
+                non_retryable=True,
+            )
         try:
             arguments = _checked_arguments(tool, call)
         except InvalidToolArgumentsError as exc:
@@ -401,6 +417,13 @@ async def send_once(
         value = await asyncio.wait_for(invoke(), timeout)
     except ToolNotAttemptedError as exc:
         return outcome("failed", failure_kind=FailureKind.NOT_ATTEMPTED, error=str(exc) or "not attempted")
+    except ToolKeyNotFoundError as exc:
+        return outcome(
+            "failed",
+            failure_kind=FailureKind.REJECTED,
+            error=str(exc) or "no record of the key",
+            no_record_of_key=True,
+        )
     except ToolRejectedError as exc:
         return outcome("failed", failure_kind=FailureKind.REJECTED, error=str(exc) or "rejected")
     except ToolRefusedError as exc:  # final: the ledger never re-reserves the key

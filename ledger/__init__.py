@@ -1,8 +1,10 @@
 """The PostgreSQL tool-execution ledger: reserve before running, settle exactly once."""
 
 from onceflow.ledger.canonical import CanonicalPayload, canonical_payload
+from onceflow.ledger.compensations import CompensationRequest
 from onceflow.ledger.errors import (
     AlreadySettledError,
+    CompensationNotRequestedError,
     ConflictNotOpenError,
     EvidenceRequiredError,
     HeldCallError,
@@ -14,6 +16,7 @@ from onceflow.ledger.errors import (
     ProvenanceError,
     ReasonRequiredError,
     RecordNotFoundError,
+    ResendInFlightError,
     TenantMismatchError,
 )
 from onceflow.ledger.guards import Guard, GuardArgumentError
@@ -41,6 +44,8 @@ __all__ = [
     "AlreadySettledError",
     "CallIdentity",
     "CanonicalPayload",
+    "CompensationNotRequestedError",
+    "CompensationRequest",
     "ConflictNotOpenError",
     "EventSource",
     "EvidenceRequiredError",
@@ -61,6 +66,7 @@ __all__ = [
     "ReasonRequiredError",
     "RecordNotFoundError",
     "ResendDecision",
+    "ResendInFlightError",
     "Reservation",
     "ReserveResult",
     "SideEffect",

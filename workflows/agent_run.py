@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         ACTIVITY_MARGIN,
         AGENT,
         CONFLICT_KEYS,
+        ERR_NOT_A_READ,
         LEDGER_STEP_TIMEOUT,
         MODEL_HEARTBEAT,
         MODEL_RETRY,
@@ -297,10 +298,9 @@ class AgentRunWorkflow(WriteCalls):
                 summary=f"read {call.name}",
             )
         except ActivityError as err:
-            return ToolOutcome(
-                tool_call_id=call.id,
-                tool=call.name,
-                key=None,
-                status="error",
-                error=f"{call.name} failed after {READ_RETRY.maximum_attempts} attempts: {err.cause or err}",
-            )
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == ERR_NOT_A_READ:
+                error = str(cause)  # refused before anything was called, on the first attempt
+            else:
+                error = f"{call.name} failed after {READ_RETRY.maximum_attempts} attempts: {cause or err}"
+            return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=error)

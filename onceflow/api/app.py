@@ -46,6 +46,7 @@ from onceflow.ledger import (
     OperatorToken,
     OperatorTokens,
     RecordNotFoundError,
+    ResendInFlightError,
     Status,
     ToolExecutionRecord,
 )
@@ -133,6 +134,21 @@ def _held(exc: HeldCallError) -> Problem:
         current_status=exc.current_status,
         held_by=exc.held_by,
         hold_reason=exc.hold_reason,
+    )
+
+
+def _resend_in_flight(exc: ResendInFlightError) -> Problem:
+    return Problem(
+        409,
+        "resend-in-flight",
+        "A resend is on the wire",
+        str(exc),
+        key=exc.key,
+        current_status=exc.current_status,
+        resend=exc.resend,
+        resend_by=exc.resend_actor,
+        on_the_wire_until=exc.until.isoformat(),
+        no_resend_before=exc.quiet_until.isoformat(),
     )
 
 
@@ -279,6 +295,8 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             raise _not_found(key) from None
         except HeldCallError as exc:
             raise _held(exc) from None
+        except ResendInFlightError as exc:
+            raise _resend_in_flight(exc) from None
         except InvalidTransitionError as exc:
             raise _conflict(exc) from None
         except EvidenceRequiredError as exc:
@@ -291,7 +309,8 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
     async def resolve(key: Key, body: ResolveRequest, operator: Operator) -> DecisionResponse:
         """Settle an unknown call as completed or failed. Of two operators, the first wins.
 
-        A held call cannot be settled (409 `held`, naming the call it waits for). Settling a call
+        A held call cannot be settled (409 `held`, naming the call it waits for), nor a call whose
+        resend is on the wire (409 `resend-in-flight`, naming the resend and when its lease ends). Settling a call
         that draws on a budget as failed releases its amount and needs `evidence` (422 otherwise).
         """
         return await decide(
@@ -434,12 +453,16 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
                 f"tool {tool.name!r} declares no compensation; it cannot be undone by onceflow",
                 key=key,
             )
+        actor = f"operator:{operator.operator}"
+        try:
+            # The workflow takes who asked from this event, never from its input.
+            await ledger.request_compensation(key, actor=actor, reason=body.reason, tenant=operator.tenant)
+        except InvalidTransitionError as exc:
+            raise _conflict(exc) from None
         workflow_id = compensation_workflow_id(key)
         await client.start_workflow(
             CompensationWorkflow.run,
-            CompensationInput(
-                key=key, tenant=operator.tenant, actor=f"operator:{operator.operator}", reason=body.reason
-            ),
+            CompensationInput(key=key, tenant=operator.tenant, actor=actor, reason=body.reason),
             id=workflow_id,
             task_queue=task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

@@ -66,6 +66,8 @@ ERR_RUN_ID_TAKEN = "RunIdTaken"  # another run claimed this run id (ledger/run_i
 ERR_INVALID_RUN_ID = "InvalidRunId"  # a run id keys cannot be built from (a `:` in it): nothing sent
 ERR_CALL_INDETERMINATE = "CallIndeterminate"
 ERR_NO_COMPENSATION = "NoCompensation"  # the tool declares no compensation hook
+ERR_COMPENSATION_NOT_REQUESTED = "CompensationNotRequested"  # no operator's request to serve
+ERR_NOT_A_READ = "NotARead"  # a read activity for a tool this worker classifies as changing the world
 
 # A held call asks the ledger again after this long, doubling up to the agent's recheck interval,
 # and whenever it is nudged (activities/held.py).

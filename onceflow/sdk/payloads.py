@@ -281,6 +281,9 @@ class OwnerOutcome(_Frozen):
     result_reference: str | None = None
     failure_kind: FailureKind | None = None
     error: str | None = None
+    # The receiver said it has no record of the key (ToolKeyNotFoundError): the one refusal that
+    # proves a resent call never took effect.
+    no_record_of_key: bool = False
 
 
 class CallRef(_Frozen):
@@ -349,6 +352,8 @@ class CompensationInput(_Frozen):
 
     key: str  # the completed call to undo
     tenant: str
+    # What the API says it recorded; not trusted: the workflow takes who asked, and why, from the
+    # `compensation_requested` event the API wrote in the ledger (ledger/compensations.py).
     actor: str
     reason: str
 

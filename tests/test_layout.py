@@ -11,13 +11,14 @@ that matches a module decides its plane, so a module can sit below the rest of i
 
     cli          the `onceflow` command (and `onceflow mcp inspect`, which lives beside the MCP code)
     services     the operator API, the crash drill, the billing example: processes beside the worker
-    runtime      the worker process and what it starts with; the embedded local stack
+    runtime      the worker process and what it starts with; the embedded local stack; the
+                 framework adapters (their workflows host onceflow's write protocol)
     workflows    Temporal workflows: they order activities and decide nothing from the outside world
     activities   what workflows schedule: ledger steps, tool calls, model calls
-    adapters     agents.yaml (runtime/agents.py), model providers, MCP servers as toolsets
+    providers    agents.yaml (runtime/agents.py), model providers, MCP servers as toolsets
     sdk          what tool authors write against: tools, payloads, guard sources, durations
     ledger       the PostgreSQL ledger
-    base         call keys, the worker's constants (task queue, search attributes, retry
+    base         call keys, the metrics instruments, the worker's constants (task queue, search attributes, retry
                  policies): leaves that import nothing of onceflow, shared by workflows and ledger
 """
 
@@ -37,10 +38,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "onceflow"
 PLANES: list[tuple[str, list[str]]] = [
     ("cli", ["onceflow.cli", "onceflow.mcp.inspect"]),
     ("services", ["onceflow.api", "onceflow.drill", "onceflow.examples"]),
-    ("runtime", ["onceflow.runtime", "onceflow.local"]),
+    ("runtime", ["onceflow.runtime", "onceflow.local", "onceflow.adapters"]),
     ("workflows", ["onceflow.workflows"]),
     ("activities", ["onceflow.activities"]),
-    ("adapters", ["onceflow.runtime.agents", "onceflow.models", "onceflow.mcp"]),
+    ("providers", ["onceflow.runtime.agents", "onceflow.models", "onceflow.mcp"]),
     ("sdk", ["onceflow.sdk"]),
     ("ledger", ["onceflow.ledger"]),
     ("base", ["onceflow.sdk.keys", "onceflow.runtime.constants", "onceflow.metrics"]),
@@ -200,7 +201,7 @@ def test_every_module_is_found_through_the_symlinked_folders_and_has_a_plane() -
     assert "onceflow.examples.billing.tools" in MODULES
     assert [module for module in MODULES if module != "onceflow" and _plane(module) is None] == []
     assert _plane("onceflow.runtime.worker") == "runtime"
-    assert _plane("onceflow.runtime.agents") == "adapters"
+    assert _plane("onceflow.runtime.agents") == "providers"
     assert _plane("onceflow.sdk.keys") == "base"
 
 

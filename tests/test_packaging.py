@@ -34,6 +34,8 @@ NEED_AN_EXTRA = {
     "onceflow.api": "api",
     "onceflow.api.app": "api",
     "onceflow.api.auth": "api",
+    "onceflow.api.inputs": "api",
+    "onceflow.api.metrics": "api",
     "onceflow.api.models": "api",
     "onceflow.api.server": "api",
     "onceflow.api.console": "api",
@@ -51,6 +53,16 @@ NEED_AN_EXTRA = {
     "onceflow.examples.billing_mcp": "mcp",
     "onceflow.examples.billing_mcp.__main__": "mcp",
     "onceflow.examples.billing_mcp.server": "mcp",
+    "onceflow.adapters.pydantic_ai": "pydantic-ai",
+    "onceflow.examples.pydantic_ai_billing": "pydantic-ai",
+    "onceflow.examples.pydantic_ai_billing.__main__": "pydantic-ai",
+    "onceflow.examples.pydantic_ai_billing.agent": "pydantic-ai",
+    "onceflow.examples.pydantic_ai_billing.workflow": "pydantic-ai",
+    "onceflow.adapters.openai_agents": "openai-agents",
+    "onceflow.examples.openai_agents_billing": "openai-agents",
+    "onceflow.examples.openai_agents_billing.__main__": "openai-agents",
+    "onceflow.examples.openai_agents_billing.agent": "openai-agents",
+    "onceflow.examples.openai_agents_billing.workflow": "openai-agents",
 }
 
 # Run inside the clean environment: import every module the wheel installed, report each outcome.

@@ -18,6 +18,8 @@ EXTRAS = {
     "api": "the operator API, the example billing service and metrics for Prometheus",
     "dev": "the local stack (`onceflow dev`, `onceflow demo`, drills)",
     "otlp": "exporting traces over OTLP",
+    "pydantic-ai": "the Pydantic AI adapter (onceflow.adapters.pydantic_ai)",
+    "openai-agents": "the OpenAI Agents adapter (onceflow.adapters.openai_agents)",
 }
 
 

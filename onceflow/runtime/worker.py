@@ -8,12 +8,14 @@ import functools
 import logging
 import signal
 import sys
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from temporalio.client import Client
+from temporalio.worker import Plugin as WorkerPlugin
 from temporalio.worker import Worker
 
 from onceflow.activities import all_activities, default_identity
@@ -40,14 +42,21 @@ def build_worker(
     task_queue: str,
     identity: str | None = None,
     shutdown_grace: timedelta = timedelta(),
+    workflows: Sequence[type] = (),
+    activities: Sequence[Callable[..., Any]] = (),
+    plugins: Sequence[WorkerPlugin] = (),
 ) -> Worker:
+    """`workflows`, `activities` and `plugins`: more to serve beside onceflow's own, such as the
+    workflows that host another framework's agent, its read tools' activities and that framework's
+    worker plugin (onceflow/adapters/)."""
     identity = identity or default_identity()
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=ALL_WORKFLOWS,
-        activities=all_activities(ledger, registry, identity),
+        workflows=[*ALL_WORKFLOWS, *workflows],
+        activities=[*all_activities(ledger, registry, identity), *activities],
         identity=identity,
+        plugins=list(plugins),
         # After shutdown() (SIGTERM) polling stops at once; running activities get this long.
         # In-process workers (tests, benchmarks) keep 0: cancel at once. run_worker passes the grace.
         graceful_shutdown_timeout=shutdown_grace,

@@ -1,0 +1,49 @@
+"""The workflow hosting the OpenAI Agents SDK agent of tests/support/openai_agents_support.py."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from agents import Agent, Runner
+    from temporalio.openai_agents.workflow import activity_as_tool
+
+    from onceflow.adapters.host import OnceflowHost
+    from onceflow.adapters.openai_agents import write_tools
+    from tests.support.openai_agents_support import LOOKUP_TIMEOUT, OPENAI_WRITES, lookup_order
+    from tests.support.pydantic_ai_agents import AdapterRunInput
+
+
+@workflow.defn
+class OpenAIBillingWorkflow(OnceflowHost):
+    @workflow.run
+    async def run(self, request: AdapterRunInput) -> str:
+        agent: Agent[None] = Agent(
+            name="billing",
+            instructions="Refund orders.",
+            model="scripted",
+            tools=[
+                activity_as_tool(lookup_order, start_to_close_timeout=LOOKUP_TIMEOUT),
+                *write_tools(OPENAI_WRITES),
+            ],
+        )
+        async with self.onceflow(tenant=request.tenant, agent=OPENAI_WRITES.agent_name):
+            result = await Runner.run(agent, input=request.model_dump_json())
+        return str(result.final_output)
+
+
+@workflow.defn
+class OpenAIProcessWorkflow(OnceflowHost):
+    """The same, for the agent of tests/support/openai_agents_process.py (imported only when used)."""
+
+    @workflow.run
+    async def run(self, request: AdapterRunInput) -> str:
+        with workflow.unsafe.imports_passed_through():
+            from tests.support.openai_agents_process import OPENAI_PROCESS_WRITES
+
+        agent: Agent[None] = Agent(
+            name="billing", model="scripted", tools=[*write_tools(OPENAI_PROCESS_WRITES)]
+        )
+        async with self.onceflow(tenant=request.tenant, agent=OPENAI_PROCESS_WRITES.agent_name):
+            result = await Runner.run(agent, input=request.model_dump_json())
+        return str(result.final_output)

@@ -1,0 +1,80 @@
+"""A Pydantic AI agent on Temporal with onceflow's writes, driven by Pydantic AI's own FunctionModel.
+
+The model follows a script carried in the prompt (JSON: a list of turns, each a list of tool calls,
+then a final answer), so a worker in another process, or a model request asked again after a reset,
+answers the same. `fresh_ids: true` gives every call a new id per model request, as a real provider
+does. Built at import, outside any workflow, as Pydantic AI's Temporal integration requires.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.durable_exec.temporal import TemporalDurability
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from onceflow.adapters.pydantic_ai import OnceflowWrites, WriteTools
+from tests.support.downstream import DOWNSTREAM, toolset
+
+WRITE_TOOLS = ("issue_credit", "issue_credit_unreconciled", "issue_credit_reusing", "issue_credit_approved")
+WRITES = WriteTools(
+    [tool for tool in toolset.tools if tool.name in WRITE_TOOLS],
+    agent="pydantic-ai-billing",
+    tool_policy={"on_indeterminate": "pause", "recheck_interval": "2s", "reconcile_initial_interval": "1s"},
+)
+
+
+class AdapterRunInput(BaseModel):
+    tenant: str
+    script: list[list[dict[str, Any]]]
+    fresh_ids: bool = False
+
+
+def _script(messages: list[ModelMessage]) -> dict[str, Any]:
+    for message in messages:
+        for part in getattr(message, "parts", []):
+            if getattr(part, "part_kind", None) == "user-prompt":
+                return json.loads(str(part.content))
+    raise AssertionError("no prompt")
+
+
+def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    plan = _script(messages)
+    turn = sum(isinstance(message, ModelResponse) for message in messages)
+    if turn >= len(plan["script"]):
+        results = [
+            part.content
+            for message in messages
+            for part in getattr(message, "parts", [])
+            if getattr(part, "part_kind", None) == "tool-return"
+        ]
+        return ModelResponse(parts=[TextPart(json.dumps({"done": True, "results": results}, default=str))])
+    calls = []
+    for position, call in enumerate(plan["script"][turn]):
+        call_id = (
+            f"call_{uuid.uuid4().hex[:8]}" if plan.get("fresh_ids") else call.get("id", f"c{turn}_{position}")
+        )
+        calls.append(ToolCallPart(call["tool"], call["args"], tool_call_id=call_id))
+    return ModelResponse(parts=calls)
+
+
+async def lookup_order(order_id: str) -> dict[str, Any]:
+    """Look up an order (a read: Pydantic AI's activity, under its retry policy)."""
+    DOWNSTREAM.read_attempts += 1
+    if DOWNSTREAM.read_failures_left > 0:
+        DOWNSTREAM.read_failures_left -= 1
+        raise ConnectionError("transient: connection reset")
+    return {"order_id": order_id, "account_id": f"acct_{order_id}", "amount_cents": 1250}
+
+
+AGENT: Agent[None, str] = Agent(
+    FunctionModel(scripted),
+    name="pydantic_billing",
+    tools=[lookup_order],
+    capabilities=[TemporalDurability(), OnceflowWrites(WRITES)],
+)

@@ -106,7 +106,7 @@ def _start_watchdog(data_dir: Path, remove: Path | None) -> subprocess.Popen[byt
         command,
         stdin=subprocess.PIPE,  # our end closes when we die, however we die
         stdout=subprocess.DEVNULL,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],  # the folder that holds the onceflow package
         start_new_session=True,  # a signal to our process group must not take the watchdog with us
     )
 

@@ -21,16 +21,21 @@ _GAP = 2  # spaces between columns
 
 
 def table_lines(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], *, wrap: Collection[str] = ()
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    wrap: Collection[str] = (),
+    show_header: bool = True,
 ) -> list[str]:
     """`rows` under `headers`, one string a line; columns named in `wrap` may wrap in a terminal."""
-    table = _borderless(show_header=True)
+    table = _borderless(show_header=show_header)
     for header in headers:
         table.add_column(header, no_wrap=header not in wrap, overflow="fold")
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
     wraps = [header in wrap for header in headers]
-    return _render(table, [list(headers), *map(list, rows)], wraps)
+    cells = [list(headers)] if show_header else []
+    return _render(table, [*cells, *map(list, rows)], wraps)
 
 
 def field_lines(fields: Iterable[tuple[str, str]]) -> list[str]:

@@ -35,6 +35,8 @@ NEED_AN_EXTRA = {
     "onceflow.api.app": "api",
     "onceflow.api.auth": "api",
     "onceflow.api.errors": "api",
+    "onceflow.api.inputs": "api",
+    "onceflow.api.metrics": "api",
     "onceflow.api.models": "api",
     "onceflow.api.server": "api",
     "onceflow.api.console": "api",

@@ -30,7 +30,7 @@ from onceflow.runtime.client import search_attribute_flags
 from onceflow.runtime.config import ENVIRONMENT, env
 from onceflow.runtime.shutdown import SHUTDOWN_GRACE_ENV, ShutdownGraceError, shutdown_grace
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # onceflow/cli/dev.py -> the checkout
 LEDGER_DATABASE = "onceflow"
 
 

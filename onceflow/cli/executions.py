@@ -22,7 +22,6 @@ Problem documents' `detail` goes to stderr; results go to stdout.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Annotated, Any, NoReturn
@@ -31,7 +30,7 @@ from urllib.parse import quote
 import httpx
 import typer
 
-from onceflow.cli.executions_guards import LINEAGE_HEADERS, guard_fields, lineage_rows
+from onceflow.cli.executions_format import decided, describe, list_lines
 
 DEFAULT_API = "http://127.0.0.1:8082"
 
@@ -163,149 +162,6 @@ def _path(key: str) -> str:
     return "/v1/tool-executions/" + quote(key, safe=":")
 
 
-# -- formatting -------------------------------------------------------------------------------------
-
-
-def _when(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
-
-
-def _age(since: datetime, now: datetime) -> str:
-    seconds = max(0, int((now - since).total_seconds()))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{seconds:02d}s"
-    return f"{seconds}s"
-
-
-def _stamp(value: str | None) -> str:
-    at = _when(value)
-    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ") if at else "-"
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Iterator[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    for line in (headers, *rows):
-        yield "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-
-
-def _row(item: dict[str, Any], now: datetime) -> list[str]:
-    created = _when(item["created_at"])
-    conflict = item.get("conflict") or {}
-    return [
-        item["key"],
-        f"{item['status']} (conflict)" if conflict.get("open") else item["status"],
-        item["tool"],
-        item["agent"] or "-",
-        _stamp(item["created_at"]),
-        _age(created, now) if created else "-",
-        str(item["attempt"]),
-        item.get("escalated_to") or "-",
-    ]
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _who_when(actor: str | None, at: str | None, prefix: str = "by ") -> str | None:
-    return f"{prefix}{actor} at {_stamp(at)}" if actor else None
-
-
-def _conflict_fields(conflict: dict[str, Any] | None) -> list[tuple[str, Any]]:
-    if not conflict:
-        return []
-    detail = conflict.get("detail") or {}
-    state = (
-        "OPEN: the decision stands until an operator acknowledges it" if conflict["open"] else "acknowledged"
-    )
-    return [
-        ("conflict", f"{state} (flagged {_stamp(conflict['at'])})"),
-        (
-            "late outcome",
-            f"{detail.get('reported_by')} ({detail.get('source')}) reports {detail.get('reported')}; "
-            f"{detail.get('decided_by')} decided {detail.get('decided')}",
-        ),
-        ("acknowledged", _who_when(conflict.get("acknowledged_by"), conflict.get("acknowledged_at"))),
-    ]
-
-
-def _describe(record: dict[str, Any]) -> Iterator[str]:
-    """The record as aligned `label  value` lines, then its events, skipping what is empty."""
-    fields: list[tuple[str, Any]] = [
-        ("key", record["key"]),
-        ("status", record["status"]),
-        ("tool", f"{record['tool']} ({record['side_effect']})"),
-        ("agent", record["agent"] or None),
-        ("run", record["run_id"]),
-        ("tool call", record["tool_call_id"]),
-        ("attempt", record["attempt"]),
-        ("owner", record.get("owner")),
-        ("lease expires", record.get("lease_expires_at") and _stamp(record["lease_expires_at"])),
-        ("created", _stamp(record["created_at"])),
-        ("updated", _stamp(record["updated_at"])),
-        ("payload", _compact(record["payload"])),
-        ("payload sha256", record["payload_sha256"]),
-        ("result", None if record.get("result") is None else _compact(record["result"])),
-        ("result ref", record.get("result_reference")),
-        ("failure", record.get("failure_kind")),
-        ("error", record.get("error")),
-        ("approved", _who_when(record.get("approved_by"), record.get("approved_at"))),
-        ("settled", _who_when(record.get("settled_by"), record.get("settled_at"))),
-        ("reason", record.get("reason")),
-        ("evidence", None if record.get("evidence") is None else _compact(record["evidence"])),
-        ("escalated to", _who_when(record.get("escalated_to"), record.get("escalated_at"), prefix="")),
-        *_conflict_fields(record.get("conflict")),
-        *guard_fields(record),
-    ]
-    shown = [(label, str(value)) for label, value in fields if value not in (None, "")]
-    width = max(len(label) for label, _ in shown)
-    for label, value in shown:
-        yield f"{label.ljust(width)}  {value}"
-    chain = lineage_rows(record, _stamp)
-    if chain:
-        yield ""
-        yield f"lineage ({len(chain)} calls, oldest first; * is this one)"
-        yield from ("  " + line for line in _table(LINEAGE_HEADERS, chain))
-    events = record.get("events") or []
-    yield ""
-    yield f"events ({len(events)})"
-    rows = []
-    for event in events:
-        change = ""
-        if event.get("from_status") or event.get("to_status"):
-            change = f"{event.get('from_status') or ''} -> {event.get('to_status') or ''}".strip()
-        notes = [event["reason"]] if event.get("reason") else []
-        for extra in ("evidence", "detail"):
-            if event.get(extra) is not None:
-                notes.append(f"{extra}={_compact(event[extra])}")
-        rows.append(
-            [
-                _stamp(event["at"]),
-                event["actor"],
-                event.get("source") or "-",
-                event["kind"],
-                change,
-                "; ".join(notes),
-            ]
-        )
-    if rows:
-        headers = ["AT", "ACTOR", "SOURCE", "KIND", "CHANGE", "NOTES"]
-        yield from ("  " + line for line in _table(headers, rows))
-
-
-def _decided(answer: dict[str, Any], verb: str) -> str:
-    record = answer["execution"]
-    told = "the run was told" if answer["run_signalled"] else "no run was waiting"
-    return f"{record['key']} {verb}: now {record['status']} ({told})"
-
-
 def _json_object(value: str | None, option: str) -> Any:
     if value is None:
         return None
@@ -376,9 +232,7 @@ def list_executions(
         seen.add(cursor)
     if not as_json:
         if items:
-            now = datetime.now(UTC)
-            headers = ["KEY", "STATUS", "TOOL", "AGENT", "WAITING SINCE", "AGE", "ATTEMPT", "ESCALATED TO"]
-            for line in _table(headers, [_row(item, now) for item in items]):
+            for line in list_lines(items, datetime.now(UTC)):
                 typer.echo(line)
         else:
             typer.echo("no unresolved calls")
@@ -398,7 +252,7 @@ def show(
     if as_json:
         typer.echo(json.dumps(record, indent=2))
         return
-    for line in _describe(record):
+    for line in describe(record):
         typer.echo(line)
 
 
@@ -425,7 +279,7 @@ def resolve(
     if result is not None:
         body["result"] = _json_object(result, "--result")
     answer = _Api(api, token).decide(key, "resolve", body)
-    typer.echo(json.dumps(answer) if as_json else _decided(answer, f"settled {status.value}"))
+    typer.echo(json.dumps(answer) if as_json else decided(answer, f"settled {status.value}"))
 
 
 @executions_app.command(epilog=EXIT_CODES_HELP)
@@ -456,7 +310,7 @@ def approve(
     """Approve a call that waits for approval; the run then sends it, once, as shown by `show`."""
     body = {} if reason is None else {"reason": reason}
     answer = _Api(api, token).decide(key, "approve", body)
-    typer.echo(json.dumps(answer) if as_json else _decided(answer, "approved"))
+    typer.echo(json.dumps(answer) if as_json else decided(answer, "approved"))
 
 
 @executions_app.command(epilog=EXIT_CODES_HELP)
@@ -469,7 +323,7 @@ def deny(
 ) -> None:
     """Deny a call that waits for approval: it is never sent, and the model is told why."""
     answer = _Api(api, token).decide(key, "deny", {"reason": reason})
-    typer.echo(json.dumps(answer) if as_json else _decided(answer, "denied"))
+    typer.echo(json.dumps(answer) if as_json else decided(answer, "denied"))
 
 
 @executions_app.command(epilog=EXIT_CODES_HELP)
@@ -486,7 +340,7 @@ def release(
     run is told it did not take effect. Of two operators, the first wins (exit 4).
     """
     answer = _Api(api, token).decide(key, "release", {"reason": reason})
-    typer.echo(json.dumps(answer) if as_json else _decided(answer, "released"))
+    typer.echo(json.dumps(answer) if as_json else decided(answer, "released"))
 
 
 @executions_app.command("acknowledge-conflict", epilog=EXIT_CODES_HELP)
@@ -511,4 +365,4 @@ def acknowledge_conflict(
         raise typer.BadParameter("must be a non-empty JSON object", param_hint="--evidence")
     body: dict[str, Any] = {"status": status.value, "reason": reason, "evidence": found}
     answer = _Api(api, token).decide(key, "acknowledge-conflict", body)
-    typer.echo(json.dumps(answer) if as_json else _decided(answer, "conflict acknowledged"))
+    typer.echo(json.dumps(answer) if as_json else decided(answer, "conflict acknowledged"))

@@ -1,9 +1,9 @@
-"""Kill point `reserve`: a worker killed inside the guarded reservation of the re-issued credit.
+"""Kill point `reserve`: a worker killed inside the guarded reservation of the first credit's twin.
 
 A guarded reservation is one transaction that first takes a transaction-scoped advisory lock on the
-call's intent (ledger/guards.py). The re-issue has the intent of the run's first credit, so once that
-credit is recorded, the runner takes the same lock from a session of its own: the next reservation of
-that intent, the re-issue's, then waits inside its transaction, with nothing decided and nothing
+call's intent (ledger/guards.py). The twin (the same credit in the same answer) has the intent of the
+run's first credit, so once that credit is recorded, the runner takes the same lock from a session of
+its own: the next reservation of that payload, the twin's, then waits inside its transaction, with nothing decided and nothing
 written. The runner sees the wait in `pg_locks`, finds the worker by its session's
 `application_name` (processes.py names each incarnation), SIGKILLs it, and lets the lock go.
 
@@ -117,7 +117,7 @@ class ReserveTrap:
         original = await self.killer.ledger.find(run.key(ORIGINAL_CALL))
         if original is None:
             return None
-        [name] = Guard(intent="reuse").locks(
+        [name] = Guard().locks(
             tenant=TENANT,
             run_id=run.run_id,
             tool_name=original.tool_name,

@@ -7,9 +7,9 @@ its own: the next reservation of that payload, the twin's, then waits inside its
 written. The runner sees the wait in `pg_locks`, finds the worker by its session's
 `application_name` (processes.py names each incarnation), SIGKILLs it, and lets the lock go.
 
-Confirmed when the killed worker was alive and its session was the one waiting, the re-issue had no
+Confirmed when the killed worker was alive and its session was the one waiting, the twin had no
 ledger record before the kill, and still none once that session had ended: the transaction rolled
-back, nothing was reserved, so nothing can have been sent. The run reserves the re-issue again after
+back, nothing was reserved, so nothing can have been sent. The run reserves the twin again after
 the activity's timeout and gets the ledger's answer then. No worker code stops here on purpose.
 """
 
@@ -101,7 +101,7 @@ class ReserveTrap:
                 problems.append("the worker was already dead")
             if before is not None or after is not None:
                 problems.append(
-                    f"the re-issue had a ledger record ({before and before.status} before, "
+                    f"the twin had a ledger record ({before and before.status} before, "
                     f"{after and after.status} after the kill), not none"
                 )
             if not ended:

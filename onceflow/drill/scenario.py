@@ -109,7 +109,7 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
 
     The first credit's answer is lost on purpose in a good share of them: `downstream` and `reconcile`
     (billing holds it), `after_answer` on it in half of those runs, and `reserve` (billing applies it
-    and hangs, then the worker reserving the re-issue is killed).
+    and hangs, then the worker reserving its twin is killed).
     """
     rng = random.Random(seed)
     planned = []
@@ -122,7 +122,7 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
         elif run.point is KillPoint.BEFORE_SEND:
             run.condition = {"tool_call_id": rng.choice(SENT_CALLS)}
         elif run.point is KillPoint.AFTER_ANSWER:
-            # Half of them on the first credit: applied, the answer lost, then the re-issue.
+            # Half of them on the first credit: applied, the answer lost, then its twin.
             others = SENT_CALLS[1:]
             run.condition = {"tool_call_id": ORIGINAL_CALL if rng.random() < 0.5 else rng.choice(others)}
         elif run.point is KillPoint.DOWNSTREAM:

@@ -6,7 +6,9 @@ random, and must find every invariant holding. Its JSON report is checked here a
 per-call figures, and the credit requests per key are counted again straight from the billing
 service's own record, and the credits per run, account and amount from its credits table, so a
 report whose verdicts were too kind would still fail this test. A drill whose workers are sabotaged
-to send a write twice must fail; so must one whose credit tool lets a re-issued credit pay again.
+to send a write twice must fail; so must one whose credit tool declares an intent other than the
+default, paying an unheard twin again (`allow`) or never paying a repeat the model asked after
+hearing (`reuse`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from onceflow.drill.intents import AppliedCredit
 from onceflow.drill.points import MARKERS_ENV, KillPoint, arm, claim, read_held, still_armed
 from onceflow.drill.report import Downstream, RunEnd, check_run
 from onceflow.drill.scenario import (
+    INTENT_OF_CALL,
     ORIGINAL_CALL,
+    OWED_CALL,
     REISSUE_CALL,
     SENT_CALLS,
     WRITE_CALLS,
@@ -66,14 +70,20 @@ def credit_requests_per_key(report: dict[str, Any]) -> Counter[str | None]:
     return Counter(key for (key,) in rows)
 
 
-def credits_per_intent(report: dict[str, Any]) -> Counter[tuple[str, str, int]]:
-    """Credits billing applied per (run, account, amount), straight from its SQLite file."""
+def credits_per_intent(report: dict[str, Any]) -> Counter[tuple[str, str, int, str]]:
+    """Credits billing applied per intent, straight from its SQLite file: (run, account, amount, and
+    the intent's first call, since the original and its unheard twin are one intent, the repeat
+    asked after hearing them another)."""
     conn = sqlite3.connect(Path(report["run_dir"]) / "billing.sqlite3")
     try:
         rows = conn.execute("SELECT idempotency_key, account_id, amount_cents FROM credits").fetchall()
     finally:
         conn.close()
-    return Counter((key.rsplit(":", 1)[0], account, amount) for key, account, amount in rows)
+    per_intent: Counter[tuple[str, str, int, str]] = Counter()
+    for key, account, amount in rows:
+        run_id, call = key.rsplit(":", 1)
+        per_intent[(run_id, account, amount, INTENT_OF_CALL.get(call, call))] += 1
+    return per_intent
 
 
 def test_small_drill_loses_no_run_and_pays_no_key_or_intent_twice(tmp_path: Path) -> None:
@@ -133,24 +143,30 @@ def test_small_drill_loses_no_run_and_pays_no_key_or_intent_twice(tmp_path: Path
     assert totals["legit_resends_after_not_attempted"] == 0
     assert totals["credit_requests_received"] == sum(raw.values())
 
-    # The intents, counted again from billing's own credits: no run paid for one (account, amount)
-    # twice, and every completed run paid its order's amount exactly once unless both the first
-    # credit and its re-issue failed without effect.
+    # The intents, counted again from billing's own credits: no intent paid twice; every completed
+    # run paid the original-and-twin intent once unless both failed without effect, and the repeat
+    # asked after hearing them once more, as a new effect, when it completed (it is never reused).
     paid = credits_per_intent(report)
     assert paid and max(paid.values()) == 1, [intent for intent, n in paid.items() if n > 1]
     lost_answer_then_reused = 0
     for run in report["runs"]:
-        first, again = run["calls"][0], run["calls"][-1]
+        calls = {call["key"].rsplit(":", 1)[1]: call for call in run["calls"]}
+        first, twin, owed = calls[ORIGINAL_CALL], calls[REISSUE_CALL], calls[OWED_CALL]
+        assert owed["reused_from"] is None, run
         if run["outcome"] != "completed":
             continue
-        order_paid = sum(
-            n for (run_id, _, amount), n in paid.items() if run_id == run["run_id"] and amount > 250
+        order_paid = Counter(
+            intent
+            for (run_id, _, amount, intent), n in paid.items()
+            if run_id == run["run_id"] and amount > 250
+            for _ in range(n)
         )
-        assert order_paid == (0 if first["status"] == again["status"] == "failed" else 1), run
+        assert order_paid[ORIGINAL_CALL] == (0 if first["status"] == twin["status"] == "failed" else 1), run
+        assert order_paid[OWED_CALL] == (1 if owed["status"] == "completed" else 0), run
         if first["status"] == "completed":
-            assert again["reused_from"] == first["key"] and again["received"] == 0, run
+            assert twin["reused_from"] == first["key"] and twin["received"] == 0, run
             lost_answer_then_reused += first["settled_by"] == "reconciler"
-    assert lost_answer_then_reused >= 1, "no run lost the first credit's answer and then re-issued it"
+    assert lost_answer_then_reused >= 1, "no run lost the first credit's answer and then had its twin reused"
 
 
 def test_a_drill_whose_workers_send_a_write_twice_fails_and_counts_the_keys(tmp_path: Path) -> None:
@@ -173,26 +189,38 @@ def test_a_drill_whose_workers_send_a_write_twice_fails_and_counts_the_keys(tmp_
     assert "SABOTAGED" in output
 
 
-def test_a_drill_whose_credit_tool_lets_a_reissue_pay_again_fails_the_intent_check(tmp_path: Path) -> None:
-    # No kills and no faults on these two runs: each first credit completes, and the re-issue of it,
-    # declared `allow` instead of `reuse`, is sent under its own key and paid again.
+@pytest.mark.parametrize("intent", ["allow", "reuse"])
+def test_a_drill_whose_credit_tool_declares_another_intent_fails_the_intent_check(
+    tmp_path: Path, intent: str
+) -> None:
+    # No kills and no faults on these two runs: each first credit completes. Declared `allow`, its
+    # unheard twin is sent under its own key and paid again; declared `reuse`, the repeat the model
+    # asked after hearing both is handed their result, so a credit owed is never paid.
     code, report, output = _drill(
         tmp_path,
         *("--runs", "2", "--seed", "3", "--timeout", "120", "--concurrency", "2"),
-        *("--no-random-kills", "--no-planned-kills", "--sabotage-intent", "allow"),
+        *("--no-random-kills", "--no-planned-kills", "--sabotage-intent", intent),
     )
     assert code == 1, output
     assert not report["ok"]
     invariants = report["invariants"]
     assert invariants["no_intent_applied_more_than_once"] is False, invariants
-    # Every key was sent and applied once: a check of keys alone would have passed.
+    # Every key was sent and applied at most once: a check of keys alone would have passed.
     assert invariants["no_key_sent_more_than_once"] is True, invariants
     assert invariants["at_most_one_effect_per_key"] is True, invariants
-    assert report["totals"]["intents_applied_more_than_once"] == 2, report["totals"]
-    paid = credits_per_intent(report)
-    twice = sorted(run_id for (run_id, _, _), n in paid.items() if n > 1)
-    assert twice == sorted(run["run_id"] for run in report["runs"]), paid
     assert max(credit_requests_per_key(report).values()) == 1
+    paid = credits_per_intent(report)
+    runs = sorted(run["run_id"] for run in report["runs"])
+    if intent == "allow":
+        assert report["totals"]["intents_applied_more_than_once"] == 2, report["totals"]
+        twice = sorted(
+            run_id for (run_id, _, _, first), n in paid.items() if n > 1 and first == ORIGINAL_CALL
+        )
+        assert twice == runs, paid
+    else:
+        assert report["totals"]["owed_repeats_paid"] == 0, report["totals"]
+        assert not any(first == OWED_CALL for (_, _, _, first) in paid), paid
+        assert all(f"{run_id}:{OWED_CALL} was asked after the model heard" in output for run_id in runs)
     assert "SABOTAGED" in output
 
 
@@ -220,7 +248,7 @@ def test_every_kill_point_is_planned_within_one_cycle_and_the_first_credit_loses
         for plan in plans
         if plan.point in (KillPoint.DOWNSTREAM, KillPoint.RECONCILE, KillPoint.RESERVE)
     )
-    # Across many runs, half of the after-answer kills strike the first credit (the one re-issued).
+    # Across many runs, half of the after-answer kills strike the first credit (the one with a twin).
     targets = Counter(
         plan.condition["tool_call_id"]
         for plan in plan_runs(700, seed=5)
@@ -229,13 +257,13 @@ def test_every_kill_point_is_planned_within_one_cycle_and_the_first_credit_loses
     assert set(targets) == set(SENT_CALLS) and 0.4 < targets[ORIGINAL_CALL] / sum(targets.values()) < 0.6
 
 
-AMOUNTS = {"call_1_1": 100, "call_2_1": 250}
+AMOUNTS = {"call_1_1": 100, "call_2_1": 250}  # the others (original, twin, repeat): the order's
 
 
 def _amount(plan: PlannedRun, call: str) -> int:
     order = seeded_order(plan.order_id)
     assert order is not None
-    return AMOUNTS.get(call, order.amount_cents)  # the first credit and its re-issue: the order's
+    return AMOUNTS.get(call, order.amount_cents)
 
 
 def _row(plan: PlannedRun, call: str, status: str, reused_from: str | None = None) -> dict[str, Any]:
@@ -251,7 +279,8 @@ def _row(plan: PlannedRun, call: str, status: str, reused_from: str | None = Non
 
 
 def _rows(plan: PlannedRun, status: str) -> list[dict[str, Any]]:
-    """Every call with `status`; a completed re-issue was handed the first credit's result."""
+    """Every call with `status`; a completed twin was handed the first credit's result (the repeat
+    asked after hearing it was sent, as owed)."""
     reused = plan.key(ORIGINAL_CALL) if status == "completed" else None
     return [_row(plan, call, status, reused if call == REISSUE_CALL else None) for call in WRITE_CALLS]
 
@@ -321,21 +350,21 @@ def test_the_checks_flag_a_key_sent_twice_even_when_billing_applied_it_once() ->
     seen = _seen(plan, _once(sent), _once(sent, **{sent[2]: 2}))
     check = check_run(plan, RunEnd("waiting"), _rows(plan, "completed"), seen)
     assert _flagged(check.problems) == ["no_key_sent_more_than_once"]
-    assert [(c.received, c.extra_sends) for c in check.calls] == [(1, 0), (1, 0), (2, 1), (0, 0)]
+    assert [(c.received, c.extra_sends) for c in check.calls] == [(1, 0), (1, 0), (0, 0), (2, 1), (1, 0)]
 
 
 def test_the_checks_allow_one_resend_per_rerun_after_not_attempted_and_no_other() -> None:
     [plan] = plan_runs(1, seed=1)
     sent = _sent(plan)
     received = _once(sent, **{sent[0]: 2, sent[1]: 2, sent[2]: 3})
-    rows = [{**row, "attempt": 2 if row["key"] in sent else 1} for row in _rows(plan, "completed")]
+    rows = [{**row, "attempt": 2 if row["key"] in sent[:3] else 1} for row in _rows(plan, "completed")]
     reruns = {
         sent[0]: Reruns(after_not_attempted=1),
         sent[1]: Reruns(after_other_failure=1),
         sent[2]: Reruns(after_not_attempted=1),
     }
     check = check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once(sent), received, reruns))
-    assert [(c.legit_resends, c.extra_sends) for c in check.calls] == [(1, 0), (0, 1), (1, 1), (0, 0)]
+    assert [(c.legit_resends, c.extra_sends) for c in check.calls] == [(1, 0), (0, 1), (0, 0), (1, 1), (0, 0)]
     assert _flagged(check.problems) == ["no_key_sent_more_than_once"] * 2
     assert judge_sends(0, Reruns(after_not_attempted=2)) == judge_sends(0, None)
 
@@ -349,7 +378,8 @@ def test_the_checks_flag_a_request_the_ledger_never_reserved() -> None:
     [plan] = plan_runs(1, seed=1)
     rows = [row for row in _rows(plan, "completed") if row["tool_call_id"] != "call_2_1"]
     sent = _sent(plan)
-    check = check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once(sent[:2]), _once(sent)))
+    applied = [key for key in sent if not key.endswith(":call_2_1")]
+    check = check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once(applied), _once(sent)))
     assert _flagged(check.problems) == ["no_request_without_ledger_record"]
 
 
@@ -360,35 +390,48 @@ def test_the_checks_count_a_failed_or_stuck_run_as_lost() -> None:
         assert [p.split(":")[0] for p in problems] == ["no_run_lost"]
 
 
-def test_a_reissue_that_paid_again_under_its_own_key_fails_only_the_intent_check() -> None:
-    """Each key sent once and applied once, as a key-only check wants; the order was paid twice."""
+def test_an_unheard_twin_that_paid_again_under_its_own_key_fails_only_the_intent_check() -> None:
+    """Each key sent once and applied once, as a key-only check wants; one intent was paid twice."""
     [plan] = plan_runs(1, seed=1)
     keys = plan.keys()
-    rows = [_row(plan, call, "completed") for call in WRITE_CALLS]  # the re-issue sent, not reused
+    rows = [_row(plan, call, "completed") for call in WRITE_CALLS]  # the twin sent, not reused
     check = check_run(plan, _completed(rows), rows, _seen(plan, _once(keys), _once(keys)))
     assert set(_flagged(check.problems)) == {INTENT_INVARIANT}
     [paid_twice] = [i for i in check.intents if i.applied > 1]
-    assert (paid_twice.amount_cents, paid_twice.calls) == (
+    assert (paid_twice.amount_cents, paid_twice.calls, paid_twice.requests) == (
         _amount(plan, ORIGINAL_CALL),
         [ORIGINAL_CALL, REISSUE_CALL],
+        2,
     )
     assert any("the original completed" in p for p in check.problems), check.problems
+    # The repeat asked after hearing is its own intent, paid once: owed, not a violation.
+    [owed] = [i for i in check.intents if i.intent == OWED_CALL]
+    assert (owed.applied, owed.calls) == (1, [OWED_CALL])
 
 
-def test_after_a_failed_original_the_reissue_is_the_one_payment_and_two_failures_are_none() -> None:
+def test_a_repeat_asked_after_hearing_is_owed_and_handing_it_the_twins_result_fails() -> None:
     [plan] = plan_runs(1, seed=1)
     sent = _sent(plan)
-    first, again = plan.key(ORIGINAL_CALL), plan.key(REISSUE_CALL)
-    rows = [
-        _row(plan, ORIGINAL_CALL, "failed"),
-        *_rows(plan, "completed")[1:3],
-        _row(plan, REISSUE_CALL, "completed"),
-    ]
-    paid = _once([*sent[1:], again])
-    assert check_run(plan, _completed(rows), rows, _seen(plan, paid, _once([*sent, again]))).problems == []
+    rows = _rows(plan, "completed")
+    assert check_run(plan, _completed(rows), rows, _seen(plan, _once(sent), _once(sent))).problems == []
+    # What `reuse` would do: the repeat handed the original's result, nothing sent, nothing paid.
+    rows[-1]["reused_from"] = plan.key(ORIGINAL_CALL)
+    unpaid = [key for key in sent if not key.endswith(OWED_CALL)]
+    problems = check_run(plan, _completed(rows), rows, _seen(plan, _once(unpaid), _once(unpaid))).problems
+    assert set(_flagged(problems)) == {INTENT_INVARIANT} and len(problems) == 3, problems
+    assert any("it is owed" in p for p in problems), problems
 
-    # Both failed without effect: nothing paid is exactly right; a payment would not be.
-    rows[-1] = _row(plan, REISSUE_CALL, "failed")
+
+def test_after_a_failed_original_its_twin_is_the_one_payment_and_two_failures_are_none() -> None:
+    [plan] = plan_runs(1, seed=1)
+    sent = _sent(plan)
+    first, twin = plan.key(ORIGINAL_CALL), plan.key(REISSUE_CALL)
+    rows = [_row(plan, call, "failed" if call == ORIGINAL_CALL else "completed") for call in WRITE_CALLS]
+    paid = _once([*sent[1:], twin])
+    assert check_run(plan, _completed(rows), rows, _seen(plan, paid, _once([*sent, twin]))).problems == []
+
+    # Both failed without effect: nothing paid for that intent is exactly right; a payment would not be.
+    rows[2] = _row(plan, REISSUE_CALL, "failed")
     assert check_run(plan, _completed(rows), rows, _seen(plan, _once(sent[1:]), _once(sent))).problems == []
     problems = check_run(plan, _completed(rows), rows, _seen(plan, _once(sent), _once(sent))).problems
     assert INTENT_INVARIANT in _flagged(problems)
@@ -402,22 +445,24 @@ def test_after_a_failed_original_the_reissue_is_the_one_payment_and_two_failures
 
 def test_a_reused_call_must_point_at_a_payment_and_send_nothing() -> None:
     [plan] = plan_runs(1, seed=1)
-    sent, again = _sent(plan), plan.key(REISSUE_CALL)
+    sent, twin = _sent(plan), plan.key(REISSUE_CALL)
     rows = _rows(plan, "completed")
     problems = check_run(
-        plan, _completed(rows), rows, _seen(plan, _once(sent), _once([*sent, again]))
+        plan, _completed(rows), rows, _seen(plan, _once(sent), _once([*sent, twin]))
     ).problems
     assert _flagged(problems) == ["no_intent_applied_more_than_once"] * 2  # reused, yet sent
-    rows[-1]["reused_from"] = plan.key("call_1_1")  # another credit's result
+    rows[2]["reused_from"] = plan.key("call_1_1")  # another credit's result
     problems = check_run(plan, _completed(rows), rows, _seen(plan, _once(sent), _once(sent))).problems
     assert _flagged(problems) == [INTENT_INVARIANT] * 2 and "reused" in problems[0]
 
 
 def test_an_unresolved_original_with_a_payment_is_not_a_mismatch() -> None:
     [plan] = plan_runs(1, seed=1)
-    sent = _sent(plan)
-    rows = [_row(plan, ORIGINAL_CALL, "indeterminate"), *_rows(plan, "completed")[1:3]]
-    assert check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once(sent), _once(sent))).problems == []
+    first = plan.key(ORIGINAL_CALL)
+    rows = [_row(plan, ORIGINAL_CALL, "indeterminate")]  # the run waits on it: nothing after it
+    assert (
+        check_run(plan, RunEnd("waiting"), rows, _seen(plan, _once([first]), _once([first]))).problems == []
+    )
 
 
 async def test_reruns_are_read_from_the_ledgers_events_by_the_failure_before_them(

@@ -171,7 +171,7 @@ def drill(
     sabotage_intent: Annotated[
         str | None,
         typer.Option(
-            hidden=True, help="Tests of the drill only: declare the credit tool's intent allow or hold."
+            hidden=True, help="Tests of the drill only: declare the credit tool's intent allow or reuse."
         ),
     ] = None,
 ) -> None:
@@ -180,8 +180,8 @@ def drill(
     from onceflow.drill.cli import run_from_cli
     from onceflow.drill.scenario import DrillConfig
 
-    if sabotage_intent not in (None, "allow", "hold"):
-        raise typer.BadParameter("allow or hold", param_hint="--sabotage-intent")
+    if sabotage_intent not in (None, "allow", "reuse"):
+        raise typer.BadParameter("allow or reuse", param_hint="--sabotage-intent")
     config = DrillConfig(
         runs=runs,
         seed=seed,

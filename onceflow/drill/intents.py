@@ -1,10 +1,14 @@
-"""How often each *intent* took effect, counted at the receiver, against what the ledger says.
+"""How often each *intent* took effect, counted at the receiver, against the default intent rule.
 
 A key stops onceflow from sending one call twice; it does not stop the model from asking twice. The
-drill's model asks for the first credit again under a new tool call id (scenario.py), and the credit
-tool declares intent `reuse`. An intent here is what billing pays: one run's credit of one amount to
-one account. Billing's own list of credits (`GET /credits`) says how often each was paid, whatever
-keys it came under; the ledger says which of its calls took effect.
+drill's model asks for the order's credit three times (scenario.py): twice in one answer (the twins
+did not hear each other, so by the default rule, ledger/guards.py, they are one intent) and once more
+after it heard both outcomes (a new effect, owed). The credit tool declares no intent: the default
+(`hold`) decides. An intent here is one run's credit of one amount to one account, made by the calls
+the rule counts as one (`INTENT_OF_CALL`): the original and its twin, or the heard repeat alone.
+Billing's own list of credits (`GET /credits`: key, account, amount) says how often each was paid;
+the ledger says which of its calls took effect, and billing's request record how often each key
+arrived.
 
 Per run and intent, with `applied` the credits billing applied for it:
 - applied is at most 1 (the headline: no intent applied more than once);
@@ -12,24 +16,25 @@ Per run and intent, with `applied` the credits billing applied for it:
   credit under a call still unresolved (its outcome is not known yet); at most one call sent it;
 - a reused call points at a completed call of the same intent that billing applied, and billing
   never received a request under the reused call's own key (nothing was sent);
-- when the original completed, the re-issue was given its result (reused), never sent;
-- a completed run shows exactly 1 if any of the intent's calls completed, else 0 (every one of them
-  failed without effect; the re-issue goes out again after a failure, so 0 needs two failures).
+- when the original completed, its twin was given its result (reused), never sent;
+- the heard repeat is owed: it is sent, never handed an earlier call's result;
+- a completed run shows exactly 1 for an intent whose calls completed, else 0 (each of them failed
+  without effect: the twin goes out after the original failed, so 0 there needs two failures).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceflow.drill.scenario import ORIGINAL_CALL, REISSUE_CALL, PlannedRun
+from onceflow.drill.scenario import INTENT_OF_CALL, ORIGINAL_CALL, OWED_CALL, REISSUE_CALL, PlannedRun
 from onceflow.ledger import Status
 
 INVARIANT = "no_intent_applied_more_than_once"
 
-Intent = tuple[str, int]  # (account_id, amount_cents)
+Intent = tuple[str, int, str]  # (account_id, amount_cents, the intent's first call)
 
 
 @dataclass(frozen=True)
@@ -47,14 +52,22 @@ class IntentCheck:
     amount_cents: int
     calls: list[str]  # tool call ids of the run's calls with this intent
     applied: int  # credits billing applied for it (its own records)
+    intent: str = ""  # the intent's first call (INTENT_OF_CALL)
+    requests: int = 0  # credit requests billing received under the intent's keys
     sent_and_completed: list[str] = field(default_factory=list)  # keys that completed by sending
     reused: list[str] = field(default_factory=list)  # keys handed an earlier call's result
+    held: list[str] = field(default_factory=list)  # keys the ledger held behind a twin at some point
+
+
+def _call_of(key: str) -> str:
+    return key.rsplit(":", 1)[-1]
 
 
 def _intent_of(row: Mapping[str, Any]) -> Intent | None:
     if row.get("account_id") is None or row.get("amount_cents") is None:
         return None
-    return str(row["account_id"]), int(row["amount_cents"])
+    call = str(row["tool_call_id"])
+    return str(row["account_id"]), int(row["amount_cents"]), INTENT_OF_CALL.get(call, call)
 
 
 def judge_intents(
@@ -63,6 +76,7 @@ def judge_intents(
     rows: Sequence[Mapping[str, Any]],
     credits: Sequence[AppliedCredit],
     received: Mapping[str, int],
+    held: Collection[str] = (),
 ) -> tuple[list[IntentCheck], list[str]]:
     """The run's intents and what is wrong with them (each problem prefixed with INVARIANT)."""
     prefix = plan.run_id + ":"
@@ -75,21 +89,31 @@ def judge_intents(
     paid: dict[Intent, list[str]] = defaultdict(list)
     for credit in credits:
         if credit.key.startswith(prefix):
-            paid[(credit.account_id, credit.amount_cents)].append(credit.key)
+            call = _call_of(credit.key)
+            paid[(credit.account_id, credit.amount_cents, INTENT_OF_CALL.get(call, call))].append(credit.key)
 
     checks, problems = [], []
 
-    def flag(intent: Intent, message: str) -> None:
-        problems.append(f"{INVARIANT}: {plan.run_id} {intent[0]} {intent[1]}: {message}")
+    def flag(intent: Intent | None, message: str) -> None:
+        account, amount, first = intent or ("?", 0, "?")
+        problems.append(f"{INVARIANT}: {plan.run_id} {account} {amount} ({first}): {message}")
 
     for intent in sorted(set(calls) | set(paid)):
         own = sorted(calls.get(intent, []), key=lambda row: row["key"])
         keys = paid.get(intent, [])
-        check = IntentCheck(intent[0], intent[1], [row["tool_call_id"] for row in own], len(keys))
+        check = IntentCheck(
+            intent[0],
+            intent[1],
+            [row["tool_call_id"] for row in own],
+            len(keys),
+            intent=intent[2],
+            requests=sum(received.get(row["key"], 0) for row in own),
+        )
         check.sent_and_completed = [
             r["key"] for r in own if r["status"] == Status.COMPLETED and not r.get("reused_from")
         ]
         check.reused = [r["key"] for r in own if r["status"] == Status.COMPLETED and r.get("reused_from")]
+        check.held = [r["key"] for r in own if r["key"] in held]
         unresolved = {r["key"] for r in own if Status(r["status"]).is_unresolved}
         checks.append(check)
         if check.applied > 1:
@@ -115,17 +139,22 @@ def judge_intents(
             wanted = 1 if any(r["status"] == Status.COMPLETED for r in own) else 0
             if check.applied != wanted:
                 flag(intent, f"the run completed; billing applied it {check.applied} times, not {wanted}")
-    original, again = row_by_key.get(plan.key(ORIGINAL_CALL)), row_by_key.get(plan.key(REISSUE_CALL))
-    if original is not None and again is not None and original["status"] == Status.COMPLETED:
-        reused_from = again.get("reused_from")
-        if again["status"] != Status.COMPLETED or reused_from != original["key"]:
-            intent = _intent_of(again) or ("?", 0)
+    original, twin = row_by_key.get(plan.key(ORIGINAL_CALL)), row_by_key.get(plan.key(REISSUE_CALL))
+    if original is not None and twin is not None and original["status"] == Status.COMPLETED:
+        reused_from = twin.get("reused_from")
+        if twin["status"] != Status.COMPLETED or reused_from != original["key"]:
             flag(
-                intent,
-                f"{again['key']} is {again['status']} (reused from {reused_from}); the original "
-                f"completed, so the ledger should have handed it that result",
+                _intent_of(twin),
+                f"{twin['key']} is {twin['status']} (reused from {reused_from}); the original "
+                f"completed before it was heard, so the ledger should have handed the twin that result",
             )
-        if received.get(again["key"], 0):
-            intent = _intent_of(again) or ("?", 0)
-            flag(intent, f"{again['key']} was sent although the original had completed")
+        if received.get(twin["key"], 0):
+            flag(_intent_of(twin), f"{twin['key']} was sent although its unheard twin had completed")
+    owed = row_by_key.get(plan.key(OWED_CALL))
+    if owed is not None and owed.get("reused_from"):
+        flag(
+            _intent_of(owed),
+            f"{owed['key']} was asked after the model heard its twins, so it is owed; the ledger "
+            f"handed it {owed['reused_from']}'s result instead of sending it",
+        )
     return checks, problems

@@ -31,7 +31,7 @@ class KillPoint(StrEnum):
     DOWNSTREAM = "downstream"  # the billing service holds the request (fault apply_then_hang or slow)
     AFTER_ANSWER = "after_answer"  # billing answered; the outcome is not yet in the ledger
     RECONCILE = "reconcile"  # inside the tool's reconcile hook, after it asked billing
-    # Inside the re-issued credit's guarded reservation: its transaction waits on the intent lock,
+    # Inside the guarded reservation of the first credit's twin: its transaction waits on the intent lock,
     # which the runner holds (reserve.py), so no worker code needs a place to stop.
     RESERVE = "reserve"
 

@@ -5,8 +5,10 @@ any dedup, and the drill runs it with `--no-dedup`, so a key onceflow sent twice
 (sends.py). Invariants (each must hold for the drill to pass, and each can fail):
 - no_key_sent_more_than_once: billing received no key's credit request more than once, except one
   more per re-reservation after a definite "not attempted" failure (counted apart as legit re-sends).
-- no_intent_applied_more_than_once: billing paid no run's credit of one amount to one account more
-  than once, whatever keys it came under, and exactly as often as the ledger says (intents.py).
+- no_intent_applied_more_than_once: billing paid no intent (a run's credit of one amount to one
+  account, by the calls the default rule counts as one) more than once, whatever keys it came under,
+  and exactly as often as the ledger says; an unheard twin is never paid again, a heard repeat is
+  owed and sent (intents.py).
 - no_request_without_ledger_record: every credit request billing received carries a key the ledger
   reserved.
 - one_ledger_record_per_write_call: every write call a run reached has exactly one ledger record (a
@@ -38,7 +40,7 @@ from temporalio.service import RPCError
 from onceflow.drill.intents import INVARIANT as INTENT_INVARIANT
 from onceflow.drill.intents import AppliedCredit, IntentCheck, judge_intents
 from onceflow.drill.points import KillPoint, still_armed
-from onceflow.drill.scenario import REISSUE_CALL, TENANT, WRITE_CALLS, DrillConfig, PlannedRun
+from onceflow.drill.scenario import OWED_CALL, REISSUE_CALL, TENANT, WRITE_CALLS, DrillConfig, PlannedRun
 from onceflow.drill.sends import EVENTS, Reruns, judge_sends, reruns_by_key
 from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import FailureKind, Ledger, Status
@@ -88,6 +90,7 @@ class Downstream:
     received: Mapping[str, int]
     reruns: Mapping[str, Reruns] = field(default_factory=dict)
     credits: Sequence[AppliedCredit] = ()  # every credit billing applied: key, account, amount
+    held: frozenset[str] = frozenset()  # keys the ledger held behind a twin at some point (events)
 
 
 @dataclass
@@ -172,7 +175,7 @@ class DrillReport:
             lines.append("SABOTAGED: the workers send a write again after its timeout (a test of the drill)")
         if self.command.get("sabotage_intent"):
             lines.append(
-                f"SABOTAGED: the credit tool declares intent {self.command['sabotage_intent']}, not reuse"
+                f"SABOTAGED: the credit tool declares intent {self.command['sabotage_intent']}, not the default"
                 " (a test of the drill)"
             )
         for name, value in self.totals.items():
@@ -263,7 +266,9 @@ def check_run(
         )
     if outcome not in ("completed", "waiting"):
         flag("no_run_lost", f"{plan.run_id}: {outcome} {check.detail}".strip())
-    check.intents, problems = judge_intents(plan, outcome, rows, downstream.credits, downstream.received)
+    check.intents, problems = judge_intents(
+        plan, outcome, rows, downstream.credits, downstream.received, downstream.held
+    )
     check.problems += problems
     return check
 
@@ -304,7 +309,8 @@ async def collect_report(
     credits = [
         AppliedCredit(c.idempotency_key, c.account_id, c.amount_cents) for c in await billing.credits()
     ]
-    downstream = Downstream(effects, received.counts, reruns_by_key(dict(e) for e in events), credits)
+    held = frozenset(e["key"] for e in events if e["to_status"] == Status.HELD)
+    downstream = Downstream(effects, received.counts, reruns_by_key(dict(e) for e in events), credits, held)
     rows_by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         rows_by_run[row["run_id"]].append(dict(row))
@@ -372,8 +378,15 @@ async def collect_report(
         "write_calls_recorded": len(rows),
         "calls_completed": sum(1 for c in all_calls if c.status == Status.COMPLETED),
         "calls_reused": sum(1 for c in all_calls if c.reused_from),
-        # Re-issues sent because the original failed without effect (the ledger let them through).
+        # The unheard twins of the first credit (one intent with it): held while it was unresolved,
+        # handed its result once it completed, sent once it was known not applied.
+        "reissues_held": sum(1 for c in all_calls if c.key.endswith(":" + REISSUE_CALL) and c.key in held),
+        "reissues_reused": sum(1 for c in all_calls if c.key.endswith(":" + REISSUE_CALL) and c.reused_from),
         "reissues_sent": sum(1 for c in all_calls if c.key.endswith(":" + REISSUE_CALL) and c.received),
+        # The repeats asked after hearing both twins: new effects, owed, so sent (never a violation).
+        "owed_repeats_sent": sum(1 for c in all_calls if c.key.endswith(":" + OWED_CALL) and c.received),
+        "owed_repeats_paid": sum(1 for c in all_calls if c.key.endswith(":" + OWED_CALL) and c.effects),
+        "intents": len(all_intents),
         "calls_failed": sum(1 for c in all_calls if c.status == Status.FAILED),
         "calls_failed_not_attempted": sum(
             1 for row in rows if row["failure_kind"] == FailureKind.NOT_ATTEMPTED

@@ -1,15 +1,15 @@
-"""Kill point `reserve`: a worker killed inside the guarded reservation of the re-issued credit.
+"""Kill point `reserve`: a worker killed inside the guarded reservation of the first credit's twin.
 
 A guarded reservation is one transaction that first takes a transaction-scoped advisory lock on the
-call's intent (ledger/guards.py). The re-issue has the intent of the run's first credit, so once that
-credit is recorded, the runner takes the same lock from a session of its own: the next reservation of
-that intent, the re-issue's, then waits inside its transaction, with nothing decided and nothing
+call's intent (ledger/guards.py). The twin (the same credit in the same answer) has the intent of the
+run's first credit, so once that credit is recorded, the runner takes the same lock from a session of
+its own: the next reservation of that payload, the twin's, then waits inside its transaction, with nothing decided and nothing
 written. The runner sees the wait in `pg_locks`, finds the worker by its session's
 `application_name` (processes.py names each incarnation), SIGKILLs it, and lets the lock go.
 
-Confirmed when the killed worker was alive and its session was the one waiting, the re-issue had no
+Confirmed when the killed worker was alive and its session was the one waiting, the twin had no
 ledger record before the kill, and still none once that session had ended: the transaction rolled
-back, nothing was reserved, so nothing can have been sent. The run reserves the re-issue again after
+back, nothing was reserved, so nothing can have been sent. The run reserves the twin again after
 the activity's timeout and gets the ledger's answer then. No worker code stops here on purpose.
 """
 
@@ -101,7 +101,7 @@ class ReserveTrap:
                 problems.append("the worker was already dead")
             if before is not None or after is not None:
                 problems.append(
-                    f"the re-issue had a ledger record ({before and before.status} before, "
+                    f"the twin had a ledger record ({before and before.status} before, "
                     f"{after and after.status} after the kill), not none"
                 )
             if not ended:
@@ -117,7 +117,7 @@ class ReserveTrap:
         original = await self.killer.ledger.find(run.key(ORIGINAL_CALL))
         if original is None:
             return None
-        [name] = Guard(intent="reuse").locks(
+        [name] = Guard().locks(
             tenant=TENANT,
             run_id=run.run_id,
             tool_name=original.tool_name,

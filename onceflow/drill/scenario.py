@@ -13,10 +13,11 @@ from onceflow.drill.points import KillPoint
 AGENT = "drill-credits"
 TENANT = "drill"
 
-# One lookup, two credits in one turn, then a second lookup and a third credit; then the model asks
-# for the first credit again, same arguments, new tool call id, as a model does after a lost answer
-# or a reset. Five model turns, two reads, four writes: three distinct credits and the re-issue. The
-# credit tool declares intent `reuse` (tools.py): the re-issue must not pay the order twice.
+# One lookup; the order's credit, a credit of 100 and the order's credit again, all in one answer
+# (twins that did not hear each other: one intent); a second lookup and a credit of 250; then the
+# order's credit once more, after the model heard both twins' outcomes (a new effect, owed). Five
+# model turns, two reads, five writes. The credit tool declares no intent, so the ledger's default
+# rule (`hold`, ledger/guards.py) decides: the unheard twin is the same intent, the heard repeat is not.
 AGENTS_YAML = f"""\
 toolsets:
   drill-billing: onceflow.drill.tools:toolset
@@ -36,6 +37,10 @@ agents:
                 amount_cents: "{{{{ results.lookup_order.amount_cents }}}}"
             - name: issue_credit
               arguments: {{account_id: "{{{{ results.lookup_order.account_id }}}}", amount_cents: 100}}
+            - name: issue_credit
+              arguments:
+                account_id: "{{{{ results.lookup_order.account_id }}}}"
+                amount_cents: "{{{{ results.lookup_order.amount_cents }}}}"
         - tool_calls:
             - name: lookup_order
               arguments: {{order_id: "{{{{ input.order_id }}}}"}}
@@ -47,7 +52,7 @@ agents:
                 account_id: "{{{{ results.lookup_order.account_id }}}}"
                 amount_cents: "{{{{ results.lookup_order.amount_cents }}}}"
         - final: "last credit: {{{{ results.issue_credit }}}}"
-    instructions: Credit the order's account three times, once per call; then make sure of the first.
+    instructions: Credit the order's amount, 100 and 250 to its account; then credit the order's amount once more.
     toolsets: [drill-billing]
     tool_policy:
       on_indeterminate: pause
@@ -57,15 +62,19 @@ agents:
 """
 MODEL_TURNS = 5
 ORIGINAL_CALL = "call_1_0"  # the order-amount credit
-REISSUE_CALL = "call_3_0"  # the same credit, asked again in a later turn
-WRITE_CALLS = (ORIGINAL_CALL, "call_1_1", "call_2_1", REISSUE_CALL)
-# The calls that are always sent unless something fails; the re-issue is sent only when the
-# original failed without effect (otherwise the ledger hands it the original's result).
-SENT_CALLS = WRITE_CALLS[:3]
+REISSUE_CALL = "call_1_2"  # its twin in the same answer: it did not hear the original, so one intent
+OWED_CALL = "call_3_0"  # the order-amount credit asked after hearing both: a new effect, owed
+WRITE_CALLS = (ORIGINAL_CALL, "call_1_1", REISSUE_CALL, "call_2_1", OWED_CALL)
+# The calls that are always sent unless something fails; the twin is sent only when the original
+# failed without effect (otherwise the ledger hands it the original's result).
+SENT_CALLS = (ORIGINAL_CALL, "call_1_1", "call_2_1", OWED_CALL)
+# The intents of a run's calls, as the default rule has them: the original and its unheard twin are
+# one; every other call is its own.
+INTENT_OF_CALL = {call: ORIGINAL_CALL if call == REISSUE_CALL else call for call in WRITE_CALLS}
 
 # Every seventh run meets no planned point, only whatever random kills strike; billing refuses its
 # first credit at the door (423 locked), so the ledger records a definite "not attempted" failure
-# (and the re-issue, which the ledger then lets through, is the one credit that pays).
+# (and the twin, which the ledger then lets through, is the one credit that pays that intent).
 CYCLE: tuple[KillPoint | None, ...] = (*KillPoint, None)
 
 # Billing faults that keep the request inside the service (seconds): far beyond the tool's timeout,
@@ -100,7 +109,7 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
 
     The first credit's answer is lost on purpose in a good share of them: `downstream` and `reconcile`
     (billing holds it), `after_answer` on it in half of those runs, and `reserve` (billing applies it
-    and hangs, then the worker reserving the re-issue is killed).
+    and hangs, then the worker reserving its twin is killed).
     """
     rng = random.Random(seed)
     planned = []
@@ -113,8 +122,9 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
         elif run.point is KillPoint.BEFORE_SEND:
             run.condition = {"tool_call_id": rng.choice(SENT_CALLS)}
         elif run.point is KillPoint.AFTER_ANSWER:
-            # Half of them on the first credit: applied, the answer lost, then the re-issue.
-            run.condition = {"tool_call_id": rng.choice((ORIGINAL_CALL, *SENT_CALLS))}
+            # Half of them on the first credit: applied, the answer lost, then its twin.
+            others = SENT_CALLS[1:]
+            run.condition = {"tool_call_id": ORIGINAL_CALL if rng.random() < 0.5 else rng.choice(others)}
         elif run.point is KillPoint.DOWNSTREAM:
             # The account fault strikes the run's first credit; the tool announces that same call.
             run.fault = rng.choice(("apply_then_hang", "slow"))
@@ -123,7 +133,7 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
             run.fault = "apply_then_hang"
         elif run.point is KillPoint.RESERVE:
             # The first credit's answer is lost (applied, then billing hangs; the hook finds it), and
-            # the worker reserving the re-issue is killed inside the reservation's transaction.
+            # the worker reserving its twin is killed inside the reservation's transaction.
             run.condition = {"tool_call_id": REISSUE_CALL}
             run.fault = "apply_then_hang"
         else:
@@ -146,7 +156,7 @@ class DrillConfig:
     timeout: float = 1800.0  # give up on runs still going this long after the drill started
     # Tests of the drill only: workers that send a write again after its timeout (sabotage.py).
     sabotage: bool = False
-    # Tests of the drill only: the credit tool declared with this intent (allow or hold), not reuse.
+    # Tests of the drill only: the credit tool declared with this intent (allow or reuse), not the default.
     sabotage_intent: str | None = None
 
     def run_dir(self) -> Path:

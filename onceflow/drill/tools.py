@@ -30,21 +30,23 @@ from onceflow.sdk.payloads import ModelCallInput, ModelTurn
 CREDIT_TIMEOUT = timedelta(seconds=3)
 LOOKUP_TIMEOUT = timedelta(seconds=5)
 
-# Tests of the drill only (`onceflow drill --sabotage-intent allow|hold` sets it for the workers):
-# declare the credit as if two equal credits were two intents, so a re-issued credit pays again.
+# Tests of the drill only (`onceflow drill --sabotage-intent allow|reuse` sets it for the workers):
+# declare the credit with an intent other than the default, so that the drill must fail: `allow`
+# pays an unheard twin again, `reuse` answers the repeat the model asked after hearing with the
+# twin's result, so an owed credit is never paid.
 SABOTAGE_INTENT_ENV = "ONCEFLOW_DRILL_SABOTAGE_INTENT"
 
 toolset = Toolset("drill-billing")
 
 
 def credit_guards() -> Guards:
-    """A credit for an order's amount, asked twice, is one intent: the second gets the first's result."""
+    """The default intent rule (`hold`): an unheard twin is the same intent, a heard repeat is new."""
     sabotage = os.environ.get(SABOTAGE_INTENT_ENV)
     if not sabotage:
-        return Guards(intent="reuse")
-    if sabotage not in ("allow", "hold"):
-        raise ValueError(f"{SABOTAGE_INTENT_ENV} must be allow or hold, not {sabotage!r}")
-    return Guards(intent="allow" if sabotage == "allow" else "hold")
+        return Guards()
+    if sabotage not in ("allow", "reuse"):
+        raise ValueError(f"{SABOTAGE_INTENT_ENV} must be allow or reuse, not {sabotage!r}")
+    return Guards(intent="allow" if sabotage == "allow" else "reuse")
 
 
 def _billing(timeout: float) -> BillingClient:

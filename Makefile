@@ -48,6 +48,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/ledger_hot_path.py
 	$(BIN)/python bench/e2e.py
 	$(BIN)/python bench/guards.py
+	$(BIN)/python bench/concurrency.py
+	$(BIN)/python bench/waiting.py
+	$(BIN)/python bench/queue_at_scale.py
 
 RUNS ?= 200
 drill: $(STAMP)

@@ -11,7 +11,7 @@ alike, and asyncpg's pool is asyncpg's. For reference the script also prints a s
 pool at all (one dedicated connection per worker) and the ratio against it.
 The two alternate in short rounds after a warm-up so that drift on a busy machine hits both alike.
 
-    .venv/bin/python bench/ledger_hot_path.py [--seconds 0.75] [--rounds 7] [--concurrency 1 8 32]
+    .venv/bin/python bench/ledger_hot_path.py [--seconds 0.75] [--rounds 5] [--concurrency 1 8 32]
 
 Figures: cycles per second over all rounds, the client's CPU per cycle (this process; the server's
 is not counted), and per concurrency the ratio ledger/floor: the median over rounds, each round
@@ -222,7 +222,9 @@ async def bench(admin_dsn: str, concurrencies: list[int], seconds: float, rounds
         print("for reference, ledger/no-pool (the same statements on dedicated connections):")
         for concurrency, figures in ratios:
             print(f"  ledger/no-pool c={concurrency}: {figures.ratio_dedicated:.2f}")
-        print("ratio: ledger/floor cycles per second, the median over rounds (each round runs all three)")
+        print(
+            f"ratio: ledger/floor cycles per second, the median of {rounds} rounds (each round runs all three)"
+        )
         for concurrency, figures in ratios:
             print(f"ratio c={concurrency}: {figures.ratio:.2f}")
     finally:
@@ -234,7 +236,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=0.75, help="length of one measured round")
-    parser.add_argument("--rounds", type=int, default=7, help="measured rounds per system")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per system")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     args = parser.parse_args()
     configured = configured_database_url()

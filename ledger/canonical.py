@@ -70,6 +70,28 @@ def strict_loads(text: str | bytes) -> Any:
     return value
 
 
+# The C JSON encoder, compact and sorted: for the payloads `_plain` accepts, its text is RFC 8785's.
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
+
+
+def _plain(value: Any) -> bool:
+    """Is `value` made only of what both serialisations write alike? Objects with ASCII keys (JCS
+    sorts keys by UTF-16 code units, Python by code points: they agree on ASCII), lists, strings
+    without surrogates, booleans, None and integers within I-JSON's range. Floats are left to
+    rfc8785 (ECMAScript number formatting differs from Python's repr)."""
+    if type(value) is str:
+        return value.isascii() or not any("\ud800" <= c <= "\udfff" for c in value)
+    if value is None or type(value) is bool:
+        return True
+    if type(value) is int:
+        return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+    if type(value) is dict:
+        return all(type(k) is str and k.isascii() and _plain(v) for k, v in value.items())
+    if type(value) is list:
+        return all(_plain(v) for v in value)
+    return False
+
+
 @dataclass(frozen=True)
 class CanonicalPayload:
     text: str
@@ -83,8 +105,12 @@ class CanonicalPayload:
 
 def canonical_payload(tool_name: str, arguments: dict[str, Any]) -> CanonicalPayload:
     """Serialize `{"tool": ..., "arguments": ...}` canonically; equal meaning gives equal bytes."""
+    document: dict[str, Any] = {"tool": tool_name, "arguments": arguments}
+    if _plain(tool_name) and _plain(arguments):
+        text = _JSON.encode(document)
+        return CanonicalPayload(text=text, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
     try:
-        data = rfc8785.dumps({"tool": tool_name, "arguments": arguments})
+        data = rfc8785.dumps(document)
     except (rfc8785.CanonicalizationError, TypeError) as exc:
         raise ValueError(f"arguments of {tool_name!r} are not canonical JSON: {exc}") from exc
     return CanonicalPayload(text=data.decode("utf-8"), sha256=hashlib.sha256(data).hexdigest())

@@ -20,24 +20,23 @@ the same effect again under a new key:
   its limit, or the call is refused. Only a settlement releases an amount; no timer does.
 
 Every check runs under transaction-scoped advisory locks on the intent, the entity and the replaced
-call, taken in one order, so two workers cannot both pass one. The entity guard is also a unique
-index (migrations/0006, 0007), so no path that skips these checks can break it either.
+call, taken in one order (`Guard.locks`), so two workers cannot both pass one. The entity guard is
+also a unique index (migrations/0006, 0007), so no path that skips these checks can break it either.
+
+The checks themselves run in the database, in one statement: `onceflow_guarded_reserve`
+(migrations/0010_guarded_reserve_function.sql) is their only implementation; ledger/guarded.py calls
+it. This module holds what callers declare (`Guard`) and the names of what comes back.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Literal
 
-import asyncpg
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from onceflow.ledger import queries
 from onceflow.ledger.errors import LedgerError
-from onceflow.ledger.records import ToolExecutionRecord, to_record
-from onceflow.ledger.status import FailureKind, Status
 
 GUARD_ACTOR = "onceflow:guard"
 _CURRENCY = re.compile(r"[A-Z][A-Z0-9]{1,11}")
@@ -99,201 +98,6 @@ class Guard(BaseModel):
         return sorted(names)
 
 
+# What the guards decided for a call they wrote: sent (proceed), held behind another call, given a
+# twin's recorded result (reuse), or refused.
 Action = Literal["proceed", "hold", "reuse", "refuse"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the guards decided. `other` is the call held behind (hold) or reused (reuse)."""
-
-    action: Action
-    reason: str = ""
-    other: ToolExecutionRecord | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """The call being reserved, as the guards see it. `created_at` is set when it is already recorded
-    (held, or failed before): only older calls can then hold it, so two held calls never wait for
-    each other."""
-
-    key: str
-    tenant: str
-    run_id: str
-    tool_name: str
-    payload_sha256: str
-    created_at: Any = None
-
-
-async def take_locks(conn: asyncpg.Connection, names: list[str]) -> None:
-    for name in names:
-        await conn.execute(queries.GUARD_LOCK, name)
-
-
-async def decide(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Verdict:
-    """Run the checks in order (lineage, intent, entity, budget); the first that objects decides.
-    A check may also let the call go with a note (`proceed` with detail), which later checks keep."""
-    detail: dict[str, Any] = {}
-    for check in (_lineage, _intent, _entity, _budget):
-        verdict = await check(conn, call, guard)
-        if verdict is None:
-            continue
-        if verdict.action != "proceed":
-            return verdict
-        detail.update(verdict.detail)
-    return Verdict("proceed", detail=detail)
-
-
-async def _lineage(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Verdict | None:
-    if guard.replaces is None:
-        return None
-    row = await conn.fetchrow(queries.SELECT_RECORD, guard.replaces)
-    original = None if row is None else to_record(row)
-    if original is None or original.tenant != call.tenant or original.run_id != call.run_id:
-        raise GuardArgumentError(f"it replaces {guard.replaces!r}, which is no call of this run")
-    if original.key == call.key:
-        raise GuardArgumentError("a call cannot replace itself")
-    if original.tool_name != call.tool_name:
-        raise GuardArgumentError(
-            f"it replaces {original.tool_call_id}, a call of {original.tool_name}, not {call.tool_name}"
-        )
-    if original.status.is_unresolved:
-        return Verdict(
-            "refuse",
-            f"the call it replaces ({original.tool_call_id}) is still {original.status}; "
-            "a replacement waits until that one is settled",
-            detail={"replaces": original.key, "replaces_status": original.status.value},
-        )
-    other = await conn.fetchval(queries.REPLACED_BY, original.key, call.key)
-    if other is not None:
-        return Verdict(
-            "refuse",
-            f"{original.tool_call_id} was already replaced by {other}; replace that one instead",
-            detail={"replaces": original.key, "replaced_by": other},
-        )
-    return None
-
-
-async def _intent(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Verdict | None:
-    if guard.intent == "allow":
-        return None
-    rows = await conn.fetch(queries.SAME_INTENT, call.run_id, call.payload_sha256, call.key)
-    twins = [to_record(row) for row in rows]  # newest first
-    # The twins this call is the same intent as: every one for `reuse`; by default, those whose
-    # outcome the model had not heard when it asked (a repeat in ignorance is a retry in disguise).
-    same = [twin for twin in twins if guard.intent == "reuse" or not _heard(twin, guard)]
-    for other in same:
-        if _may_take_effect(other) and _older(other, call):
-            state = "failed with an open conflict" if other.status is Status.FAILED else other.status
-            return Verdict(
-                "hold",
-                f"the same call ({other.tool_call_id}) is still {state}; "
-                "this one waits until that one is settled",
-                other,
-                detail={"same_as": other.key},
-            )
-    for other in twins:  # heard or not: the receiver's refusal on policy grounds stands
-        if other.status is Status.FAILED and other.failure_kind is FailureKind.POLICY_REFUSED:
-            return Verdict(
-                "refuse",
-                f"the same call ({other.tool_call_id}) was refused by the receiver on policy grounds: "
-                f"{other.error}",
-                detail={"same_as": other.key},
-            )
-    for other in same:
-        if other.status is Status.COMPLETED:
-            reason = f"the same call ({other.tool_call_id}) already completed"
-            if guard.intent == "hold":
-                reason = (
-                    f"the same call ({other.tool_call_id}) already took effect, before you had heard "
-                    "its outcome; this is its result, and nothing was sent again. If another one is "
-                    "owed, make the call again: now that you know of this one, it will be sent"
-                )
-            return Verdict("reuse", reason, other)
-    for other in same:
-        if other.status is Status.COMPENSATED and guard.intent == "hold":
-            return Verdict(
-                "refuse",
-                f"the same call ({other.tool_call_id}) took effect and an operator undid it "
-                "(compensated); it is not made again without you having heard that",
-                detail={"same_as": other.key},
-            )
-    same_keys = {twin.key for twin in same}
-    heard = [twin.key for twin in twins if twin.key not in same_keys]
-    if heard:  # sent as a new effect because of them: the reservation's event names them
-        return Verdict("proceed", detail={"heard_twins": heard})
-    return None
-
-
-def _may_take_effect(twin: ToolExecutionRecord) -> bool:
-    """Nobody can yet rule out that `twin` took (or will take) effect: it is unresolved, or it failed
-    and a late outcome says it completed (an open conflict), as budgets and resends count it too."""
-    return twin.status.is_unresolved or (twin.status is Status.FAILED and twin.has_conflict)
-
-
-def _heard(twin: ToolExecutionRecord, guard: Guard) -> bool:
-    """Had the model heard `twin`'s outcome when it asked for this call? Only a settled outcome that
-    still stands counts: a failure the model was told of, but which a late answer contradicts, may
-    have taken effect after all, and a repeat of it is a retry."""
-    if twin.tool_call_id not in guard.heard or not twin.status.is_settled:
-        return False
-    return not (twin.status is Status.FAILED and twin.has_conflict)
-
-
-def _older(other: ToolExecutionRecord, call: Candidate) -> bool:
-    """Can `other` hold `call`? Only a call recorded before it can, so no two wait for each other."""
-    if call.created_at is None:
-        return True
-    return (other.created_at, other.key) < (call.created_at, call.key)
-
-
-async def _entity(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Verdict | None:
-    if not guard.exclusive:
-        return None
-    row = await conn.fetchrow(
-        queries.ENTITY_BUSY, call.tenant, call.tool_name, guard.entity, call.key, guard.toolset
-    )
-    if row is None:
-        return None
-    busy = to_record(row)
-    reason = f"another {call.tool_name} call for {guard.entity} ({busy.key}) is still {busy.status}"
-    if guard.on_busy == "refuse":
-        return Verdict("refuse", reason, detail={"entity": guard.entity, "busy": busy.key})
-    return Verdict("hold", reason + "; this one waits until that one is settled", busy)
-
-
-async def _budget(conn: asyncpg.Connection, call: Candidate, guard: Guard) -> Verdict | None:
-    if guard.amount is None or guard.limit is None:
-        return None
-    used = await conn.fetchrow(
-        queries.ENTITY_BUDGET_USED,
-        call.tenant,
-        call.tool_name,
-        guard.entity,
-        call.key,
-        guard.toolset,
-        guard.currency,
-    )
-    assert used is not None  # an aggregate always has a row
-    completed, unresolved = Decimal(used["completed"]), Decimal(used["unresolved"])
-    if completed + unresolved + guard.amount <= guard.limit:
-        return None
-    left = max(guard.limit - completed - unresolved, Decimal(0))
-    unit = f" {guard.currency}" if guard.currency else ""
-    reason = (
-        f"{guard.amount}{unit} would exceed the limit of {guard.limit}{unit} for {guard.entity}: "
-        f"{completed} completed and {unresolved} unresolved, {left} left"
-    )
-    if unresolved:
-        reason += " (the unresolved part is released only when those calls are settled as not applied)"
-    detail = {
-        "entity": guard.entity,
-        "limit": str(guard.limit),
-        "requested": str(guard.amount),
-        "completed": str(completed),
-        "unresolved": str(unresolved),
-    }
-    if guard.currency:
-        detail["currency"] = guard.currency
-    return Verdict("refuse", reason, detail=detail)

@@ -158,88 +158,17 @@ SELECT status, escalated_at IS NOT NULL, true, count(*)
 """
 
 
-# -- guards (ledger/guards.py) --------------------------------------------------------------------
+# -- guards (ledger/guards.py, ledger/guarded.py) ---------------------------------------------------
 
-# A lock held until the transaction ends; a hash collision only makes unrelated calls take turns.
-GUARD_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
-
-# Other calls of the run with the same tool and canonical payload, newest first.
-SAME_INTENT = """
-SELECT * FROM tool_executions
- WHERE run_id = $1 AND payload_sha256 = $2 AND key <> $3
- ORDER BY created_at DESC, key DESC
-"""
-
-# A call that already replaced $1 and did not fail (a failed replacement may be replaced again).
-REPLACED_BY = """
-SELECT key FROM tool_executions
- WHERE replaces = $1 AND key <> $2 AND status <> 'failed'
- ORDER BY created_at LIMIT 1
-"""
-
-# The unresolved call of an entity, if any (held calls wait, so they do not count). An entity
-# belongs to a tool of one toolset ($5); a row or a caller without a toolset (recorded before
-# migrations/0007, or a caller that names none) matches every toolset's tool of that name.
-ENTITY_BUSY = """
-SELECT * FROM tool_executions
- WHERE tenant = $1 AND tool_name = $2 AND entity = $3 AND key <> $4
-   AND (toolset IS NULL OR $5::text IS NULL OR toolset = $5)
-   AND status IN ('awaiting_approval', 'started', 'indeterminate')
- ORDER BY created_at LIMIT 1
-"""
-
-# What an entity's budget already carries: completed amounts, and those nobody can yet rule out
-# (unresolved, or failed with an open conflict: its owner says it took effect). Reused results and
-# compensated calls draw nothing. A budget is kept per toolset's tool ($5, matched as in ENTITY_BUSY)
-# and per currency ($6; none is a currency of its own): amounts of two currencies are never summed.
-# Purged completed calls still count (budget_purged_usage, migration 0008, keyed the same way): a
-# budget is the entity's whole history, and retention never refills it.
-ENTITY_BUDGET_USED = """
-SELECT coalesce(sum(amount) FILTER (WHERE status = 'completed'), 0)
-         + coalesce((SELECT sum(completed) FROM budget_purged_usage
-                      WHERE tenant = $1 AND tool_name = $2 AND entity = $3
-                        AND (toolset = '' OR $5::text IS NULL OR toolset = $5)
-                        AND currency = coalesce($6::text, '')), 0) AS completed,
-       coalesce(sum(amount) FILTER (WHERE status <> 'completed'), 0) AS unresolved
-  FROM tool_executions
- WHERE tenant = $1 AND tool_name = $2 AND entity = $3 AND key <> $4
-   AND (toolset IS NULL OR $5::text IS NULL OR toolset = $5)
-   AND currency IS NOT DISTINCT FROM $6::text
-   AND amount IS NOT NULL AND reused_from IS NULL
-   AND (status IN ('awaiting_approval', 'started', 'indeterminate', 'completed')
-        OR (status = 'failed' AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL))
-"""
-
-# A guarded reservation writes the call as the guards decided: started or awaiting approval
-# (proceed), held, completed with another call's result (reuse), or failed (refused). The caller
-# holds the row's lock when it exists; $27 is what the attempt grows by (1 after a failure); $28 and
-# $29 are the call's toolset and its amount's currency.
-GUARDED_WRITE = """
-INSERT INTO tool_executions AS t
-    (key, tenant, run_id, tool_call_id, agent, tool_name, side_effect, status,
-     payload, payload_sha256, owner, lease_expires_at,
-     entity, entity_exclusive, amount, budget_limit, replaces, held_by, hold_reason,
-     reused_from, result, result_reference, failure_kind, error,
-     settled_at, settled_by, reason, toolset, currency)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, clock_timestamp() + $12::interval,
-        $13, $14, $15, $16, $17, $18, $19, $20, $21::jsonb, $22, $23, $24,
-        CASE WHEN $8 IN ('completed', 'failed') THEN clock_timestamp() END, $25, $26, $28, $29)
-ON CONFLICT (key) DO UPDATE
-    SET status = EXCLUDED.status, attempt = t.attempt + $27, owner = EXCLUDED.owner,
-        lease_expires_at = EXCLUDED.lease_expires_at,
-        entity = EXCLUDED.entity, entity_exclusive = EXCLUDED.entity_exclusive,
-        amount = EXCLUDED.amount, budget_limit = EXCLUDED.budget_limit, replaces = EXCLUDED.replaces,
-        toolset = EXCLUDED.toolset, currency = EXCLUDED.currency,
-        held_by = EXCLUDED.held_by, hold_reason = EXCLUDED.hold_reason,
-        reused_from = EXCLUDED.reused_from, result = EXCLUDED.result,
-        result_reference = EXCLUDED.result_reference, failure_kind = EXCLUDED.failure_kind,
-        error = EXCLUDED.error, settled_at = EXCLUDED.settled_at, settled_by = EXCLUDED.settled_by,
-        reason = EXCLUDED.reason, evidence = NULL,
-        approved_by = NULL, approved_at = NULL, escalated_to = NULL, escalated_at = NULL,
-        conflict_at = NULL, conflict_detail = NULL,
-        conflict_cleared_at = NULL, conflict_cleared_by = NULL,
-        updated_at = clock_timestamp()
-RETURNING t.*, (xmax = 0) AS inserted
+# A guarded reservation, whole: locks, checks, write and event in one server-side function
+# (migrations/0010_guarded_reserve_function.sql). $1 the advisory lock names (Guard.locks), then the
+# call, then the guard's values; the answer's extra columns are dropped by to_record.
+GUARDED_RESERVE = """
+SELECT r.o_outcome AS outcome, r.o_action AS action, r.o_previous_status AS previous_status,
+       r.o_previous_updated_at AS previous_updated_at, (r.o_record).*
+  FROM onceflow_guarded_reserve($1::text[], $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12,
+                                $13::interval, $14, $15, $16, $17, $18::numeric, $19::numeric, $20,
+                                $21::text[], $22, $23) r
 """
 
 # -- resends within a receiver's dedup window (ledger/resends.py) ---------------------------------

@@ -69,3 +69,38 @@ def test_non_json_values_are_refused_with_a_clear_error(value: Any, complaint: s
         canonical_payload("issue_credit", {"amount": value})
     assert "'issue_credit'" in str(caught.value)
     assert complaint in str(caught.value)
+
+
+# The fast path (the C encoder, for payloads without floats, big integers, non-ASCII keys or lone
+# surrogates) must write exactly what rfc8785 writes; anything else takes rfc8785 itself.
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"account_id": "acct_1", "amount_cents": 500, "memo": "goodwill credit"},
+        {"nested": {"b": [1, {"z": None, "a": True}], "a": False}, "": "empty key"},
+        {"text": 'quote " backslash \\ slash / tab \t newline \n nul \x00 unit \x1f del \x7f'},
+        {"unicode": "café ü 中文 😀 \u2028 \u2029 \ufeff", "bmp_private": "\ue000"},
+        {"ints": [0, -1, 2**53 - 1, -(2**53 - 1)], "empty": {}, "list": []},
+        {"Z": 1, "a": 2, "_": 3, "0": 4, "~": 5},
+    ],
+)
+def test_the_fast_path_writes_rfc8785_byte_for_byte(arguments: dict[str, Any]) -> None:
+    import rfc8785
+
+    from onceflow.ledger.canonical import _plain
+
+    assert _plain(arguments)
+    expected = rfc8785.dumps({"tool": "t", "arguments": arguments})
+    payload = canonical_payload("t", arguments)
+    assert payload.text.encode("utf-8") == expected
+    assert payload.sha256 == hashlib.sha256(expected).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"f": 1.5}, {"big": 2**53}, {"ключ": 1}, {"\U0001f600": 1, "\ue000": 2}, {"t": (1, 2)}],
+)
+def test_anything_else_takes_rfc8785(arguments: dict[str, Any]) -> None:
+    from onceflow.ledger.canonical import _plain
+
+    assert not _plain(arguments)

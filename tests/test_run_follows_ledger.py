@@ -1,6 +1,7 @@
 """The run and the ledger never disagree for long: a paused run finds a settlement nobody told it
-about, reconcilers past their deadline keep watching, search attributes drop settled keys, and the
-`resolve` Update answers with the ledger's decision."""
+about, a call with nothing to poll waits on its run alone (no reconciler) and is escalated by it at
+the deadline, search attributes drop settled keys, and the `resolve` Update answers with the
+ledger's decision."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributeKey
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.ledger import Ledger, Status
@@ -34,7 +36,8 @@ def _registry() -> AgentRegistry:
     agents = [
         # Nobody signals these: only the run's own re-read can find a decision.
         credit_agent("pause-recheck", "issue_credit_unreconciled", "pause", recheck_interval="1s"),
-        # The run re-reads rarely; a reconciler past its 1 s deadline watches the ledger every 1 s.
+        # Nothing to poll: the run re-reads on the reconcile backoff (0.2 s to 1 s), escalates at its
+        # 1 s deadline itself, and goes on re-reading every 1 s.
         credit_agent(
             "pause-escalating",
             "issue_credit_unreconciled",
@@ -43,7 +46,15 @@ def _registry() -> AgentRegistry:
             escalation_owner="billing-oncall",
             recheck_interval="1h",
         ),
-        credit_agent("pause-quiet", "issue_credit_unreconciled", "pause", recheck_interval="1h"),
+        # Re-reads only when nudged (or at its 20 s deadline).
+        credit_agent(
+            "pause-quiet",
+            "issue_credit_unreconciled",
+            "pause",
+            recheck_interval="1h",
+            reconcile_initial_interval="1h",
+            reconcile_max_interval="1h",
+        ),
         credit_agent("fail-fast", "issue_credit_unreconciled", "fail"),
     ]
     return AgentRegistry({a.name: a for a in agents})
@@ -74,11 +85,12 @@ async def paused_on_unknown_credit(
     return handle, key
 
 
-async def silence_reconciler(client: Client, key: str) -> None:
-    """The reconciler would tell the run; stop it, as a lost signal or a deleted workflow would."""
-    await client.get_workflow_handle(reconcile_workflow_id(key)).terminate(
-        reason="test: nobody tells the run"
-    )
+async def no_reconciler(client: Client, key: str) -> None:
+    """A tool with no reconcile hook and no dedup window has nothing to poll: its unknown call gets no
+    ReconcileWorkflow (one open workflow per waiting call: its run). Nobody else tells the run."""
+    with pytest.raises(RPCError) as caught:
+        await client.get_workflow_handle(reconcile_workflow_id(key)).describe()
+    assert caught.value.status is RPCStatusCode.NOT_FOUND
 
 
 async def settle_behind_the_runs_back(ledger: Ledger, key: str, credit_id: str = "cr_found") -> None:
@@ -94,7 +106,7 @@ async def settle_behind_the_runs_back(ledger: Ledger, key: str, credit_id: str =
 
 async def test_a_paused_run_finds_a_settlement_nobody_signalled(harness: Harness) -> None:
     handle, key = await paused_on_unknown_credit(harness, "pause-recheck")
-    await silence_reconciler(harness.client, key)
+    await no_reconciler(harness.client, key)
     await settle_behind_the_runs_back(harness.ledger, key)
     result = await asyncio.wait_for(handle.result(), 15)
     assert "cr_found" in result.final
@@ -118,7 +130,7 @@ async def test_a_paused_run_finds_a_settlement_nobody_signalled(harness: Harness
 async def test_a_paused_run_finds_the_owners_late_answer(harness: Harness) -> None:
     """The attempt that timed out answers after all, straight into the ledger; nobody signals."""
     handle, key = await paused_on_unknown_credit(harness, "pause-recheck")
-    await silence_reconciler(harness.client, key)
+    await no_reconciler(harness.client, key)
     owner = (await harness.ledger.get(key, with_events=False)).owner
     assert owner is not None
     late = await harness.ledger.complete(key, owner=owner, result={"credit_id": "cr_late"})
@@ -133,7 +145,7 @@ async def test_a_quiet_run_stays_paused_until_nudged(
 ) -> None:
     """The control for the test above: with an hour between re-reads, a silent settlement waits."""
     handle, key = await paused_on_unknown_credit(harness, "pause-quiet")
-    await silence_reconciler(harness.client, key)
+    await no_reconciler(harness.client, key)
     await settle_behind_the_runs_back(harness.ledger, key)
     await asyncio.sleep(3)
     assert (await handle.query(AgentRunWorkflow.status)).phase == Phase.AWAITING_RECONCILIATION
@@ -144,30 +156,27 @@ async def test_a_quiet_run_stays_paused_until_nudged(
     assert "cr_found" in result.final
 
 
-async def test_a_reconciler_past_its_deadline_watches_the_ledger_and_clears_escalation(
-    harness: Harness, temporal_env: WorkflowEnvironment
+async def test_a_run_with_nothing_to_poll_escalates_at_the_deadline_and_clears_it(
+    harness: Harness,
 ) -> None:
     handle, key = await paused_on_unknown_credit(harness, "pause-escalating")
-    reconciler = temporal_env.client.get_workflow_handle(
-        reconcile_workflow_id(key), result_type=ReconcileResult
-    )
 
     async def escalated() -> bool:
         return await attribute(handle, ESCALATED_TO) == "billing-oncall"
 
     await eventually(escalated, "the run to show the escalation")
-    assert await attribute(reconciler, UNRESOLVED_KEYS) == [key]
-    assert await attribute(reconciler, ESCALATED_TO) == "billing-oncall"
+    await no_reconciler(harness.client, key)
+    record = await harness.ledger.get(key)
+    assert record.escalated_to == "billing-oncall" and record.status is Status.INDETERMINATE
+    assert [e.kind for e in record.events].count("escalated") == 1
+    assert await attribute(handle, UNRESOLVED_KEYS) == [key]
 
     await settle_behind_the_runs_back(harness.ledger, key)
-    result = await asyncio.wait_for(handle.result(), 15)  # the reconciler told it
+    result = await asyncio.wait_for(handle.result(), 15)  # its own re-read found it
     assert "cr_found" in result.final
+    assert DOWNSTREAM.send_attempts == 1
     assert await attribute(handle, ESCALATED_TO) is None
     assert await attribute(handle, UNRESOLVED_KEYS) is None
-    settled = await asyncio.wait_for(reconciler.result(), 10)
-    assert settled.status is Status.COMPLETED
-    assert await attribute(reconciler, UNRESOLVED_KEYS) is None
-    assert await attribute(reconciler, ESCALATED_TO) is None
 
 
 async def test_a_run_failed_on_an_unknown_call_leaves_the_key_to_its_reconciler(
@@ -216,7 +225,7 @@ async def test_resolve_update_answers_with_the_ledgers_decision(harness: Harness
 
 async def test_a_late_resolve_update_is_told_who_decided_first(harness: Harness) -> None:
     handle, key = await paused_on_unknown_credit(harness, "pause-quiet")
-    await silence_reconciler(harness.client, key)
+    await no_reconciler(harness.client, key)
     await settle_behind_the_runs_back(harness.ledger, key)
     answer = await handle.execute_update(
         "resolve",
@@ -266,7 +275,7 @@ async def api(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIterato
 
 async def test_the_api_nudges_a_run_to_read_the_ledger(api: OperatorApi) -> None:
     handle, key = await paused_on_unknown_credit(api.runs, "pause-quiet")
-    await silence_reconciler(api.runs.client, key)
+    await no_reconciler(api.runs.client, key)
     await settle_behind_the_runs_back(api.ledger, key)
     async with await api.as_operator() as alice:
         response = await alice.post(f"/v1/tool-executions/{key}/nudge")

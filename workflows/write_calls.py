@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         AgentSpec,
         CallRef,
         CallSummary,
+        EscalateInput,
         ExpireApprovalInput,
         OwnerOutcome,
         Phase,
@@ -65,6 +66,17 @@ with workflow.unsafe.imports_passed_through():
 
 # A write activity that failed in an unexpected way before reserving is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
+
+# An unknown call with nothing to poll (no reconcile hook, no receiver dedup window) in a run that
+# pauses waits on the run's own timer: no ReconcileWorkflow. The run re-reads the ledger on the
+# reconcile backoff and escalates at the deadline itself. Runs started before it replay without it.
+PATCH_WAIT_WITHOUT_RECONCILER = "wait-without-reconciler"
+
+
+def nothing_to_poll(tool: ToolSpec) -> bool:
+    """A reconciler would only read the ledger for this tool: no hook to ask, no window to resend in.
+    (A spec from before `has_dedup_window` existed says None: it may have one.)"""
+    return not tool.has_reconcile and tool.has_dedup_window is False
 
 
 class WriteCalls:
@@ -290,7 +302,14 @@ class WriteCalls:
             # A run that is about to close does not list the key: its reconciler does, while open.
             self._pending[ref.key] = call_summary(outcome)
             self._publish_unresolved()
-        await self._start_reconcile(spec, tool, ref)
+        alone = (
+            not failing
+            and self._recheck
+            and nothing_to_poll(tool)
+            and workflow.patched(PATCH_WAIT_WITHOUT_RECONCILER)
+        )
+        if not alone:
+            await self._start_reconcile(spec, tool, ref)
         if failing:
             raise ApplicationError(
                 f"tool call {ref.key} ({ref.tool}) is indeterminate: {outcome.error}. "
@@ -305,6 +324,8 @@ class WriteCalls:
             "(send a `resolve` signal or update)."
         )
         recheck = spec.policy.recheck_interval_seconds if self._recheck else None
+        if alone:
+            await self._wait_alone(spec, ref)
         while ref.key not in self._resolved:
             if recheck is None:
                 await workflow.wait_condition(lambda: ref.key in self._resolved)
@@ -315,6 +336,49 @@ class WriteCalls:
         resolved = self._resolved.pop(ref.key)
         self._leave_pending(ref.key)
         return resolved
+
+    async def _wait_alone(self, spec: AgentSpec, ref: CallRef) -> None:
+        """What the reconciler did for a call with nothing to poll, on this run's timer: re-read the
+        ledger on the reconcile backoff (capped by the recheck interval) until someone settles the
+        call, and escalate it to the policy's owner once the reconcile deadline has passed."""
+        policy = spec.policy
+        deadline = workflow.now() + timedelta(seconds=policy.reconcile_deadline_seconds)
+        interval = policy.reconcile_initial_interval_seconds
+        escalated = False
+        while ref.key not in self._resolved:
+            remaining = (deadline - workflow.now()).total_seconds()
+            if remaining <= 0 and not escalated:
+                escalated = True
+                await self._escalate(spec, ref)
+                continue
+            wait = min(interval, policy.recheck_interval_seconds)
+            if not escalated:
+                wait = min(wait, remaining)
+            if not await self._wait_for_resolution(ref.key, wait):
+                await self._settle(ResolveSignal(key=ref.key, actor="run"), source="recheck")
+            interval = min(interval * 2, policy.reconcile_max_interval_seconds)
+
+    async def _escalate(self, spec: AgentSpec, ref: CallRef) -> None:
+        """Name the policy's owner on the record (and its event) and on this run, as a reconciler
+        past its deadline does."""
+        policy = spec.policy
+        owner = policy.escalation_owner
+        if not owner:
+            return
+        await workflow.execute_activity_method(
+            LedgerActivities.escalate_call,
+            EscalateInput(
+                key=ref.key,
+                owner=owner,
+                reason=f"still unknown after the reconcile deadline ({policy.reconcile_deadline_seconds:g}s)",
+            ),
+            start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+            retry_policy=LEDGER_RETRY,
+            summary=f"escalate {ref.key} to {owner}",
+        )
+        if ref.key in self._pending and ref.key not in self._resolved:
+            self._escalated[ref.key] = owner
+            self._publish_escalations()
 
     async def _wait_for_resolution(self, key: str, timeout_seconds: float) -> bool:
         try:

@@ -113,6 +113,7 @@ class Agent:
                     approval=tool.effect.approval,
                     has_reconcile=tool.reconcile is not None,
                     has_compensation=tool.compensation is not None,
+                    has_dedup_window=tool.effect.dedup_window is not None,
                     json_schema=tool.json_schema(),
                 )
                 for name, tool in self.tools.items()

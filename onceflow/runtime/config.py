@@ -26,8 +26,12 @@ ENVIRONMENT = {
 # ONCEFLOW_TEMPORAL_METRICS_PORT: where the Temporal SDK serves its worker metrics when
 # OTEL_METRICS_EXPORTER includes prometheus (onceflow/metrics.py; onceflow's own are on
 # OTEL_EXPORTER_PROMETHEUS_PORT).
+# ONCEFLOW_MAX_CACHED_WORKFLOWS: how many runs the worker keeps in memory between their tasks
+# (Temporal's workflow cache); a waiting run beyond it is evicted and replayed from history when it
+# wakes. Unset: the SDK's default (1,000). See docs/benchmarks.md (waiting runs).
 WORKER_ENVIRONMENT = {
     "ONCEFLOW_SHUTDOWN_GRACE": "",
+    "ONCEFLOW_MAX_CACHED_WORKFLOWS": "",
     "ONCEFLOW_AGENTS_ENABLED": "",
     "ONCEFLOW_TEMPORAL_METRICS_PORT": "9465",
 }
@@ -53,6 +57,7 @@ class Settings:
     database_url: str
     agents_path: str
     shutdown_grace: str = ""  # ONCEFLOW_SHUTDOWN_GRACE as given; the worker checks it
+    max_cached_workflows: str = ""  # ONCEFLOW_MAX_CACHED_WORKFLOWS as given; the worker checks it
     health_file: str = ""
     # None: serve every agent whose model can be built; else exactly these, or refuse to start.
     agents_enabled: tuple[str, ...] | None = None
@@ -66,6 +71,7 @@ class Settings:
             database_url=env("ONCEFLOW_DATABASE_URL"),
             agents_path=env("ONCEFLOW_AGENTS"),
             shutdown_grace=env("ONCEFLOW_SHUTDOWN_GRACE"),
+            max_cached_workflows=os.environ.get("ONCEFLOW_MAX_CACHED_WORKFLOWS", ""),
             health_file=env("ONCEFLOW_HEALTH_FILE"),
             agents_enabled=_names(os.environ.get("ONCEFLOW_AGENTS_ENABLED", "")),
         )

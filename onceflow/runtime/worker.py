@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("onceflow.runtime.worker")
 
 
+_WORKFLOW_TASK_SLOTS = 100  # the SDK's default max_concurrent_workflow_tasks
+_SDK_CACHE = 1000  # the SDK's default max_cached_workflows
+
+
 def build_worker(
     client: Client,
     ledger: Ledger,
@@ -45,11 +49,17 @@ def build_worker(
     workflows: Sequence[type] = (),
     activities: Sequence[Callable[..., Any]] = (),
     plugins: Sequence[WorkerPlugin] = (),
+    max_cached_workflows: int | None = None,
 ) -> Worker:
     """`workflows`, `activities` and `plugins`: more to serve beside onceflow's own, such as the
     workflows that host another framework's agent, its read tools' activities and that framework's
     worker plugin (onceflow/adapters/)."""
     identity = identity or default_identity()
+    # No more workflow tasks at once than the cache holds (and at least the SDK's minimum of 2): with
+    # more, a full cache of runs that all have work pending stalled the worker (seen with a cache of
+    # 50 and the default 100 slots: tasks timed out and were never taken again).
+    cached = _SDK_CACHE if max_cached_workflows is None else max_cached_workflows
+    slots = None if max_cached_workflows is None else max(2, min(_WORKFLOW_TASK_SLOTS, cached))
     return Worker(
         client,
         task_queue=task_queue,
@@ -60,7 +70,27 @@ def build_worker(
         # After shutdown() (SIGTERM) polling stops at once; running activities get this long.
         # In-process workers (tests, benchmarks) keep 0: cancel at once. run_worker passes the grace.
         graceful_shutdown_timeout=shutdown_grace,
+        max_cached_workflows=cached,
+        max_concurrent_workflow_tasks=slots,
     )
+
+
+def max_cached_workflows(text: str) -> int | None:
+    """ONCEFLOW_MAX_CACHED_WORKFLOWS: a whole number of runs (0: keep none, replay every task);
+    empty for the SDK's default."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise SystemExit(
+            f"cannot start the worker: ONCEFLOW_MAX_CACHED_WORKFLOWS={text!r} is not a whole number of runs"
+            " (0 or more)"
+        )
+    return value
 
 
 async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[AgentRegistry, Ledger]:
@@ -116,7 +146,14 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
         if added:
             log.info("registered search attributes: %s", ", ".join(added))
         stop = stop or _stop_on_signals()
-        worker = build_worker(client, ledger, registry, task_queue=settings.task_queue, shutdown_grace=grace)
+        worker = build_worker(
+            client,
+            ledger,
+            registry,
+            task_queue=settings.task_queue,
+            shutdown_grace=grace,
+            max_cached_workflows=max_cached_workflows(settings.max_cached_workflows),
+        )
         agents = ", ".join(sorted(registry.agents))
         async with worker:
             log.info(

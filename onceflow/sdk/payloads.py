@@ -155,6 +155,9 @@ class ToolSpec(_Frozen):
     approval: bool
     has_reconcile: bool
     has_compensation: bool
+    # The receiver honours the key for a window (a resend may settle the call). None: a spec made
+    # before this was sent, which may have one.
+    has_dedup_window: bool | None = None
     json_schema: dict[str, Any]
 
 

@@ -15,7 +15,7 @@ from onceflow import metrics
 from onceflow.ledger import queries
 from onceflow.ledger.base import LedgerBase, to_json
 from onceflow.ledger.canonical import CanonicalPayload
-from onceflow.ledger.errors import LedgerUnavailableError, PayloadMismatchError, TenantMismatchError
+from onceflow.ledger.errors import LedgerUnavailableError, TenantMismatchError
 from onceflow.ledger.guards import GUARD_ACTOR, Candidate, Guard, Verdict, decide, take_locks
 from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
 from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
@@ -102,15 +102,10 @@ class GuardedReservations(LedgerBase):
             raise LedgerUnavailableError(
                 f"reserving {key!r} kept racing other reservations; nothing was sent"
             )
-        await self.append_event(
-            key,
-            actor=owner,
-            kind="payload_mismatch_refused",
-            source=EventSource.OWNER,
-            detail={"offered_sha256": payload.sha256, "offered": payload.value},
-        )
         assert mismatch is not None
-        raise PayloadMismatchError(key, mismatch.payload_sha256, payload.sha256)
+        await self.refuse_other_payload(
+            key, owner=owner, recorded_sha256=mismatch.payload_sha256, offered=payload
+        )
 
     async def _standing(
         self,

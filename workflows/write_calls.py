@@ -8,6 +8,7 @@ inside the workflow, as a base class of AgentRunWorkflow, whose state it shares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -65,6 +66,18 @@ with workflow.unsafe.imports_passed_through():
 
 # A write activity that failed in an unexpected way before reserving is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
+
+
+async def wait_until(condition: Callable[[], bool], timeout_seconds: float | None = None) -> bool:
+    """Every wait of the protocol: for `condition` (a nudge, a resolution), or for a timer of
+    `timeout_seconds`, whichever comes first. True if the condition held, False if the timer fired.
+    No timeout, no timer. The one command it issues is the one `workflow.wait_condition` issues:
+    a timer, when a timeout is given, cancelled if the condition comes first."""
+    try:
+        await workflow.wait_condition(condition, timeout=timeout_seconds)
+    except TimeoutError:
+        return False
+    return True
 
 
 class WriteCalls:
@@ -204,7 +217,7 @@ class WriteCalls:
         while outcome.status is Status.AWAITING_APPROVAL:
             remaining = (deadline - workflow.now()).total_seconds()
             wait = min(remaining, recheck) if recheck else remaining
-            nudged = remaining > 0 and await self._wait_for_nudge(ref.key, wait)
+            nudged = remaining > 0 and await wait_until(lambda: ref.key in self._nudged, wait)
             # A recheck before the deadline asks the ledger as a nudge would (the signal may be lost).
             nudged = nudged or (remaining > wait)
             self._nudged.discard(ref.key)
@@ -251,7 +264,7 @@ class WriteCalls:
             self._publish_unresolved()
             self._set_phase(Phase.HELD)
             workflow.set_current_details(f"{ref.key} ({ref.tool}) is held, not sent: {outcome.error}")
-            await self._wait_for_nudge(ref.key, wait)
+            await wait_until(lambda: ref.key in self._nudged, wait)
             self._nudged.discard(ref.key)
             wait = min(wait * 2, spec.policy.recheck_interval_seconds)
             outcome = await self._send_once(tool, tool_input, ref)
@@ -272,13 +285,6 @@ class WriteCalls:
         found = await self._inspect(ref)
         if found is not None and found.status is Status.INDETERMINATE:
             await self._start_reconcile(spec, tool, ref)
-
-    async def _wait_for_nudge(self, key: str, timeout_seconds: float) -> bool:
-        try:
-            await workflow.wait_condition(lambda: key in self._nudged, timeout=timeout_seconds)
-        except TimeoutError:
-            return False
-        return True
 
     async def _await_resolution(
         self, spec: AgentSpec, tool: ToolSpec, ref: CallRef, outcome: ToolOutcome
@@ -306,22 +312,13 @@ class WriteCalls:
         )
         recheck = spec.policy.recheck_interval_seconds if self._recheck else None
         while ref.key not in self._resolved:
-            if recheck is None:
-                await workflow.wait_condition(lambda: ref.key in self._resolved)
-            elif not await self._wait_for_resolution(ref.key, recheck):
+            if not await wait_until(lambda: ref.key in self._resolved, recheck):
                 # Nothing told us for a while; the ledger may know anyway (a lost signal, a late
                 # owner's answer, a reconciler past its deadline and an operator after it).
                 await self._settle(ResolveSignal(key=ref.key, actor="run"), source="recheck")
         resolved = self._resolved.pop(ref.key)
         self._leave_pending(ref.key)
         return resolved
-
-    async def _wait_for_resolution(self, key: str, timeout_seconds: float) -> bool:
-        try:
-            await workflow.wait_condition(lambda: key in self._resolved, timeout=timeout_seconds)
-        except TimeoutError:
-            return False
-        return True
 
     def _leave_pending(self, key: str) -> None:
         """The ledger settled `key`: it leaves the run's unresolved keys, and its escalation."""

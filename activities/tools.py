@@ -7,7 +7,6 @@ Beside it: tool_io.py (the model's arguments checked, what the model is told bac
 from __future__ import annotations
 
 import asyncio
-from decimal import Decimal
 from typing import Any
 
 from temporalio import activity

@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
 from onceflow.activities.outcomes import outcome_from_record, owner_token
-from onceflow.activities.tools import record_outcome, send_once
+from onceflow.activities.sending import record_outcome, send_once
 from onceflow.ledger import (
     CallIdentity,
     CompensationNotRequestedError,

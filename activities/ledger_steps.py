@@ -7,7 +7,7 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow.activities.held import wake_held
 from onceflow.activities.outcomes import outcome_from_record
-from onceflow.activities.tools import record_outcome
+from onceflow.activities.sending import record_outcome
 from onceflow.ledger import (
     AlreadySettledError,
     EventSource,

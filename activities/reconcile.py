@@ -23,7 +23,7 @@ from onceflow import metrics
 from onceflow.activities.conflicts import tell_run_of_conflict
 from onceflow.activities.held import wake_held
 from onceflow.activities.outcomes import outcome_from_record
-from onceflow.activities.tools import send_once, unkeepable_result
+from onceflow.activities.sending import send_once, unkeepable_result
 from onceflow.ledger import (
     EventSource,
     FailureKind,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Self, TypeVar
 
 import asyncpg
 from opentelemetry import context, trace
@@ -12,12 +12,16 @@ from opentelemetry import context, trace
 from onceflow.ledger import queries
 from onceflow.ledger.errors import (
     LedgerUnavailableError,
+    PayloadMismatchError,
     ProvenanceError,
     ReasonRequiredError,
     RecordNotFoundError,
 )
 from onceflow.ledger.records import ToolExecutionRecord
 from onceflow.ledger.status import OPERATOR_PREFIX, EventSource, Status
+
+if TYPE_CHECKING:
+    from onceflow.ledger.canonical import CanonicalPayload
 
 tracer = trace.get_tracer("onceflow.ledger")
 _E = TypeVar("_E", bound=BaseException | None)
@@ -202,3 +206,17 @@ class LedgerBase:
                 await self.insert_event(conn, key, actor=actor, kind=kind, source=source, **fields)
             except asyncpg.ForeignKeyViolationError as exc:
                 raise RecordNotFoundError(key) from exc
+
+    async def refuse_other_payload(
+        self, key: str, *, owner: str, recorded_sha256: str, offered: CanonicalPayload
+    ) -> NoReturn:
+        """The key is recorded with another payload: log what was offered, then refuse it. The one
+        way every reservation path reports a reused key."""
+        await self.append_event(
+            key,
+            actor=owner,
+            kind="payload_mismatch_refused",
+            source=EventSource.OWNER,
+            detail={"offered_sha256": offered.sha256, "offered": offered.value},
+        )
+        raise PayloadMismatchError(key, recorded_sha256, offered.sha256)

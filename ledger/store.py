@@ -21,7 +21,6 @@ from onceflow.ledger.decisions import OperatorDecisions
 from onceflow.ledger.errors import (
     LedgerUnavailableError,
     OutcomeIgnoredError,
-    PayloadMismatchError,
     RecordNotFoundError,
     TenantMismatchError,
 )
@@ -222,14 +221,9 @@ class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends, Comp
                 raise LedgerUnavailableError(
                     f"reserving {call.key!r} kept racing other reservations; nothing was sent"
                 )
-        await self.append_event(
-            call.key,
-            actor=owner,
-            kind="payload_mismatch_refused",
-            source=EventSource.OWNER,
-            detail={"offered_sha256": payload.sha256, "offered": payload.value},
+        await self.refuse_other_payload(
+            call.key, owner=owner, recorded_sha256=record.payload_sha256, offered=payload
         )
-        raise PayloadMismatchError(call.key, record.payload_sha256, payload.sha256)
 
     # -- outcomes from the owner -----------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import pytest
 from onceflow.ledger import (
     CallIdentity,
     FailureKind,
+    Guard,
     Ledger,
     PayloadMismatchError,
     Reservation,
@@ -242,6 +243,42 @@ async def test_changed_payload_under_a_key_is_refused_and_recorded(ledger: Ledge
     assert refusal.actor == "worker-2"
     assert refusal.detail["offered_sha256"] == offered
     assert refusal.detail["offered"]["arguments"]["amount_cents"] == 50_000
+
+
+async def test_a_guarded_reservation_refuses_a_changed_payload_as_the_plain_one_does(ledger: Ledger) -> None:
+    """One payload-mismatch path: with or without a guard, the same error and the same event."""
+    changed = {**ARGUMENTS, "amount_cents": 50_000}
+    seen = []
+    for guard in (None, Guard(intent="reuse")):
+        call = new_call()
+        await reserve(ledger, call, owner="worker-1")
+        before = await ledger.find(call.key)
+        with pytest.raises(PayloadMismatchError) as caught:
+            await ledger.reserve(
+                call,
+                tool_name="issue_credit",
+                side_effect=SideEffect.EXTERNAL,
+                arguments=changed,
+                owner="worker-2",
+                guard=guard,
+            )
+        assert await ledger.find(call.key) == before
+        refusal = (await ledger.get(call.key)).events[-1]
+        error = caught.value
+        seen.append(
+            (
+                str(error).replace(call.key, "<key>"),
+                error.recorded_sha256,
+                error.offered_sha256,
+                refusal.kind,
+                refusal.actor,
+                refusal.source,
+                refusal.detail,
+            )
+        )
+    assert seen[0] == seen[1]
+    assert seen[0][3] == "payload_mismatch_refused"
+    assert seen[0][2] == canonical_payload("issue_credit", changed).sha256
 
 
 async def test_changed_payload_under_a_failed_key_is_refused_not_retried(ledger: Ledger) -> None:

@@ -8,6 +8,7 @@ inside the workflow, as a base class of AgentRunWorkflow, whose state it shares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -77,6 +78,18 @@ def nothing_to_poll(tool: ToolSpec) -> bool:
     """A reconciler would only read the ledger for this tool: no hook to ask, no window to resend in.
     (A spec from before `has_dedup_window` existed says None: it may have one.)"""
     return not tool.has_reconcile and tool.has_dedup_window is False
+
+
+async def wait_until(condition: Callable[[], bool], timeout_seconds: float | None = None) -> bool:
+    """Every wait of the protocol: for `condition` (a nudge, a resolution), or for a timer of
+    `timeout_seconds`, whichever comes first. True if the condition held, False if the timer fired.
+    No timeout, no timer. The one command it issues is the one `workflow.wait_condition` issues:
+    a timer, when a timeout is given, cancelled if the condition comes first."""
+    try:
+        await workflow.wait_condition(condition, timeout=timeout_seconds)
+    except TimeoutError:
+        return False
+    return True
 
 
 class WriteCalls:
@@ -216,7 +229,7 @@ class WriteCalls:
         while outcome.status is Status.AWAITING_APPROVAL:
             remaining = (deadline - workflow.now()).total_seconds()
             wait = min(remaining, recheck) if recheck else remaining
-            nudged = remaining > 0 and await self._wait_for_nudge(ref.key, wait)
+            nudged = remaining > 0 and await wait_until(lambda: ref.key in self._nudged, wait)
             # A recheck before the deadline asks the ledger as a nudge would (the signal may be lost).
             nudged = nudged or (remaining > wait)
             self._nudged.discard(ref.key)
@@ -263,7 +276,7 @@ class WriteCalls:
             self._publish_unresolved()
             self._set_phase(Phase.HELD)
             workflow.set_current_details(f"{ref.key} ({ref.tool}) is held, not sent: {outcome.error}")
-            await self._wait_for_nudge(ref.key, wait)
+            await wait_until(lambda: ref.key in self._nudged, wait)
             self._nudged.discard(ref.key)
             wait = min(wait * 2, spec.policy.recheck_interval_seconds)
             outcome = await self._send_once(tool, tool_input, ref)
@@ -284,13 +297,6 @@ class WriteCalls:
         found = await self._inspect(ref)
         if found is not None and found.status is Status.INDETERMINATE:
             await self._start_reconcile(spec, tool, ref)
-
-    async def _wait_for_nudge(self, key: str, timeout_seconds: float) -> bool:
-        try:
-            await workflow.wait_condition(lambda: key in self._nudged, timeout=timeout_seconds)
-        except TimeoutError:
-            return False
-        return True
 
     async def _await_resolution(
         self, spec: AgentSpec, tool: ToolSpec, ref: CallRef, outcome: ToolOutcome
@@ -327,9 +333,7 @@ class WriteCalls:
         if alone:
             await self._wait_alone(spec, ref)
         while ref.key not in self._resolved:
-            if recheck is None:
-                await workflow.wait_condition(lambda: ref.key in self._resolved)
-            elif not await self._wait_for_resolution(ref.key, recheck):
+            if not await wait_until(lambda: ref.key in self._resolved, recheck):
                 # Nothing told us for a while; the ledger may know anyway (a lost signal, a late
                 # owner's answer, a reconciler past its deadline and an operator after it).
                 await self._settle(ResolveSignal(key=ref.key, actor="run"), source="recheck")
@@ -354,7 +358,7 @@ class WriteCalls:
             wait = min(interval, policy.recheck_interval_seconds)
             if not escalated:
                 wait = min(wait, remaining)
-            if not await self._wait_for_resolution(ref.key, wait):
+            if not await wait_until(lambda: ref.key in self._resolved, wait):
                 await self._settle(ResolveSignal(key=ref.key, actor="run"), source="recheck")
             interval = min(interval * 2, policy.reconcile_max_interval_seconds)
 
@@ -379,13 +383,6 @@ class WriteCalls:
         if ref.key in self._pending and ref.key not in self._resolved:
             self._escalated[ref.key] = owner
             self._publish_escalations()
-
-    async def _wait_for_resolution(self, key: str, timeout_seconds: float) -> bool:
-        try:
-            await workflow.wait_condition(lambda: key in self._resolved, timeout=timeout_seconds)
-        except TimeoutError:
-            return False
-        return True
 
     def _leave_pending(self, key: str) -> None:
         """The ledger settled `key`: it leaves the run's unresolved keys, and its escalation."""

@@ -1,0 +1,109 @@
+"""The owner's side of one send: call the world once, say how it ended, and write that down.
+
+The write activity sends this way; so do a reconciler's resend and a compensation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from temporalio import activity
+
+from onceflow.activities.conflicts import tell_run_of_conflict
+from onceflow.activities.held import wake_held
+from onceflow.activities.outcomes import outcome_from_record
+from onceflow.ledger import EventSource, FailureKind, Ledger, OutcomeIgnoredError
+from onceflow.sdk.payloads import OwnerOutcome, ToolOutcome, result_problem
+from onceflow.sdk.tools import (
+    ToolContext,
+    ToolKeyNotFoundError,
+    ToolNotAttemptedError,
+    ToolRefusedError,
+    ToolRejectedError,
+    to_jsonable,
+)
+
+
+async def send_once(
+    invoke: Callable[[], Awaitable[Any]], *, tool_name: str, timeout: float, context: ToolContext, owner: str
+) -> OwnerOutcome:
+    """Call the world once, under `timeout`, and say how it ended: completed, failed or unknown."""
+
+    def outcome(status: Literal["completed", "failed", "indeterminate"], **fields: Any) -> OwnerOutcome:
+        return OwnerOutcome(
+            key=context.idempotency_key,
+            owner=owner,
+            tool=tool_name,
+            tool_call_id=context.tool_call_id,
+            status=status,
+            **fields,
+        )
+
+    try:
+        value = await asyncio.wait_for(invoke(), timeout)
+    except ToolNotAttemptedError as exc:
+        return outcome("failed", failure_kind=FailureKind.NOT_ATTEMPTED, error=str(exc) or "not attempted")
+    except ToolKeyNotFoundError as exc:
+        return outcome(
+            "failed",
+            failure_kind=FailureKind.REJECTED,
+            error=str(exc) or "no record of the key",
+            no_record_of_key=True,
+        )
+    except ToolRejectedError as exc:
+        return outcome("failed", failure_kind=FailureKind.REJECTED, error=str(exc) or "rejected")
+    except ToolRefusedError as exc:  # final: the ledger never re-reserves the key
+        return outcome("failed", failure_kind=FailureKind.POLICY_REFUSED, error=str(exc) or "refused")
+    except TimeoutError:
+        return outcome("indeterminate", error=f"no answer within {timeout:g}s")
+    except Exception as exc:  # an unknown error after the request may have left is unknown
+        activity.logger.warning("tool %s raised %r; outcome unknown", tool_name, exc)
+        return outcome("indeterminate", error=f"{type(exc).__name__}: {exc}"[:2000])
+    unkeepable = result_problem(value)
+    if unkeepable is not None:
+        # It took effect; only its answer cannot be stored (jsonb has no NaN) nor passed on as
+        # JSON. The completion is recorded, the answer is not, and the ledger and the model say so.
+        return outcome("completed", value={"result_omitted": unkeepable_result(unkeepable)})
+    return outcome("completed", value=to_jsonable(value))
+
+
+async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
+    """Write the owner's outcome down; the ledger's answer (not ours) is what comes back."""
+    try:
+        if outcome.status == "completed":
+            record = await ledger.complete(
+                outcome.key,
+                owner=outcome.owner,
+                result=outcome.value,
+                result_reference=outcome.result_reference,
+            )
+        elif outcome.status == "failed":
+            assert outcome.failure_kind is not None
+            record = await ledger.fail(
+                outcome.key,
+                owner=outcome.owner,
+                kind=outcome.failure_kind,
+                error=outcome.error or "",
+            )
+        else:
+            record = await ledger.mark_indeterminate(
+                outcome.key,
+                actor=outcome.owner,
+                reason=outcome.error or "outcome unknown",
+                source=EventSource.OWNER,
+            )
+    except OutcomeIgnoredError:
+        # Someone settled the call before our answer arrived; the ledger keeps theirs. If ours
+        # contradicts it, the ledger flagged a conflict, and the run's search attributes say so.
+        record = await ledger.get(outcome.key, with_events=False)
+        if record.has_conflict:
+            await tell_run_of_conflict(record)
+    await wake_held(ledger, record)
+    return outcome_from_record(record)
+
+
+def unkeepable_result(problem: str) -> str:
+    """What the model is told when a tool's answer cannot be kept (see `result_problem`)."""
+    return f"the tool's result cannot be kept or handed on: {problem}"

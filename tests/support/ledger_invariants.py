@@ -1,0 +1,258 @@
+"""What must hold of the ledger after any step, checked against its own tables
+(tests/test_ledger_properties.py). The test keeps only what the ledger cannot know: which calls the
+model heard when a call was sent, and what purged calls had drawn on the budget."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from ledger import InvalidTransitionError, Ledger, Status, queries
+
+GUARDED_TOOL = "issue_credit"
+ENTITY = "acct_1"
+TOOLSET = "billing"
+LIMIT = Decimal(3)
+EVIDENCE = {"checked": "the receiver's records"}
+SENT = ("reserved", "dispatched")  # events that hand a call to an owner to send (to_status started)
+# Statuses under which a sent call may have taken effect.
+MAY_HAVE_APPLIED = {Status.STARTED, Status.INDETERMINATE, Status.COMPLETED, Status.COMPENSATED}
+
+
+@dataclass
+class Model:
+    live: set[str] = field(default_factory=set)  # keys reserved and not purged
+    sent_with: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)  # key: (intent, heard)
+    purged_usage: Decimal = Decimal(0)  # what purged completed calls had drawn on the budget
+    events: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # every event seen, as first seen
+
+    def note_decision(self, key: str, actor: str, outcome: Any) -> None:
+        """A refused decision names who decided instead (an AlreadySettledError never says nobody)."""
+        from ledger import AlreadySettledError
+
+        if isinstance(outcome, AlreadySettledError):
+            assert outcome.settled_by, f"{actor} was refused on {key} without naming the winner"
+
+    def purged(self, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> None:
+        for key, row in before.items():
+            if key in after:
+                continue
+            self.live.discard(key)
+            if _draws(row) and row["status"] == Status.COMPLETED:
+                self.purged_usage += row["amount"]
+        self.events = {i: e for i, e in self.events.items() if e[0] in after}
+
+
+def _draws(row: dict[str, Any]) -> bool:
+    return (
+        row["tool_name"] == GUARDED_TOOL
+        and row["entity"] == ENTITY
+        and row["amount"] is not None
+        and row["reused_from"] is None
+    )
+
+
+async def attempt(coro: Awaitable[Any]) -> Any:
+    """The decision's record, or the refusal the ledger answered with."""
+    try:
+        return await coro
+    except InvalidTransitionError as refused:
+        return refused
+
+
+async def race(first: Awaitable[Any], second: Awaitable[Any]) -> list[Any]:
+    return list(await asyncio.gather(attempt(first), attempt(second)))
+
+
+def settlement(actor: str, status: Status, key: str) -> dict[str, Any]:
+    result = {"id": key} if status is Status.COMPLETED else None
+    return {"status": status, "actor": actor, "reason": f"{actor} checked", "evidence": EVIDENCE, "result": result}
+
+
+async def owners(ledger: Ledger, key: str) -> list[str]:
+    """The call's owner first, then every worker that owned it before."""
+    async with ledger.connection("test_owners") as conn:
+        owner = await conn.fetchval("SELECT owner FROM tool_executions WHERE key = $1", key)
+        past = await conn.fetch(
+            "SELECT DISTINCT actor FROM tool_execution_events WHERE key = $1 AND kind = ANY($2) ORDER BY actor",
+            key,
+            list(SENT),
+        )
+    return [owner] + [r["actor"] for r in past if r["actor"] != owner]
+
+
+async def snapshot(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    async with ledger.connection("test_snapshot") as conn:
+        return {r["key"]: dict(r) for r in await conn.fetch("SELECT * FROM tool_executions")}
+
+
+async def age_everything(dsn: str, by: timedelta) -> None:
+    """Move every row's and event's times `by` into the past, in the test's own database only."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute(
+                "UPDATE tool_executions SET created_at = created_at - $1::interval,"
+                " updated_at = updated_at - $1::interval, settled_at = settled_at - $1::interval,"
+                " conflict_at = conflict_at - $1::interval, conflict_cleared_at = conflict_cleared_at - $1::interval",
+                by,
+            )
+            await conn.execute("ALTER TABLE tool_execution_events DISABLE TRIGGER tool_execution_events_append_only")
+            await conn.execute("UPDATE tool_execution_events SET at = at - $1::interval", by)
+            await conn.execute("ALTER TABLE tool_execution_events ENABLE TRIGGER tool_execution_events_append_only")
+    finally:
+        await conn.close()
+
+
+async def budget_carried(ledger: Ledger, model: Model) -> Decimal:
+    """What the entity's budget carries, from the rows: amounts completed or not ruled out (unresolved
+    and sent or waiting for approval, or failed with an open conflict), and what purged calls drew."""
+    rows = (await snapshot(ledger)).values()
+    carried = model.purged_usage
+    for row in rows:
+        if not _draws(row):
+            continue
+        status = Status(row["status"])
+        open_conflict = row["conflict_at"] is not None and row["conflict_cleared_at"] is None
+        if status in (Status.AWAITING_APPROVAL, Status.STARTED, Status.INDETERMINATE, Status.COMPLETED) or (
+            status is Status.FAILED and open_conflict
+        ):
+            carried += row["amount"]
+    return carried
+
+
+async def ledger_budget(ledger: Ledger) -> Decimal:
+    """The budget as the ledger's own guard reads it."""
+    async with ledger.connection("test_budget") as conn:
+        used = await conn.fetchrow(queries.ENTITY_BUDGET_USED, "t1", GUARDED_TOOL, ENTITY, "", TOOLSET, None)
+    return Decimal(used["completed"]) + Decimal(used["unresolved"])
+
+
+# -- the invariants ------------------------------------------------------------------------------
+
+
+async def check(ledger: Ledger, model: Model) -> None:
+    async with ledger.connection("test_invariants") as conn:
+        rows = {r["key"]: dict(r) for r in await conn.fetch("SELECT * FROM tool_executions")}
+        events = [dict(e) for e in await conn.fetch("SELECT * FROM tool_execution_events ORDER BY id")]
+        keys = await conn.fetchval("SELECT count(*) = count(DISTINCT key) FROM tool_executions")
+    assert keys, "a key has two rows"
+    assert set(rows) == model.live, f"rows {sorted(rows)} are not the calls reserved and not purged {sorted(model.live)}"
+    by_key: dict[str, list[dict[str, Any]]] = {key: [] for key in rows}
+    for event in events:
+        by_key[event["key"]].append(event)
+    _append_only(events, model)
+    for key, row in rows.items():
+        _decision_stands(row, by_key[key])
+        _way_out(row)
+    _intent_rule(rows, by_key, model)
+    conflicted = sum((r["amount"] for r in rows.values() if _draws(r) and r["conflict_at"] is not None), Decimal(0))
+    carried = await budget_carried(ledger, model)
+    # Only a late report contradicting a decision (a conflict) can carry a budget past its limit.
+    assert carried <= LIMIT + conflicted, f"the budget carries {carried} over the limit {LIMIT}"
+
+
+def _append_only(events: list[dict[str, Any]], model: Model) -> None:
+    now = {e["id"]: (e["key"], e["kind"], e["actor"], e["to_status"], e["reason"]) for e in events}
+    for event_id, seen in model.events.items():
+        assert now.get(event_id) == seen, f"event {event_id} {seen} was changed or lost: {now.get(event_id)}"
+    model.events = now
+
+
+def _decision_stands(row: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    """The row is what its last status-changing event says; a settlement names who made it."""
+    # A `late_outcome` event records what a reconciler reported (to_status), not a change: skipped.
+    changes = [e for e in events if e["to_status"] is not None and e["kind"] != "late_outcome"]
+    assert changes, f"{row['key']} has no event that put it where it is"
+    last = changes[-1]
+    assert last["to_status"] == row["status"], (
+        f"{row['key']} is {row['status']} but its last decision says {last['to_status']} ({last['kind']} by {last['actor']})"
+    )
+    if last["kind"] == "settled":
+        assert row["settled_by"] == last["actor"], f"{row['key']} settled by {last['actor']}, row says {row['settled_by']}"
+
+
+def _way_out(row: dict[str, Any]) -> None:
+    """Every open call has a way out: a lease that runs out, or a decision someone may make (the
+    decisions themselves are taken at the end of each example, every_open_call_has_a_way_out)."""
+    status = Status(row["status"])
+    if status is Status.STARTED:
+        assert row["owner"] and row["lease_expires_at"] is not None, f"{row['key']} is started with no lease"
+    if status is Status.HELD:
+        assert row["held_by"], f"{row['key']} is held behind nothing"
+
+
+def _state_at(events: list[dict[str, Any]], before: int) -> tuple[Status | None, bool]:
+    """A call's status, and whether a conflict was open on it, just before event `before`."""
+    status, conflict = None, False
+    for event in events:
+        if event["id"] >= before:
+            break
+        if event["to_status"] is not None and event["kind"] != "late_outcome":
+            status = Status(event["to_status"])
+        if event["kind"] == "outcome_conflict":
+            conflict = True
+        elif event["kind"] == "conflict_acknowledged" or event["kind"] in SENT:
+            conflict = False
+    return status, conflict
+
+
+def _last_send(events: list[dict[str, Any]]) -> int | None:
+    sends = [e["id"] for e in events if e["kind"] in SENT and e["to_status"] == Status.STARTED]
+    return sends[-1] if sends else None
+
+
+def _intent_rule(rows: dict[str, dict[str, Any]], by_key: dict[str, list[dict[str, Any]]], model: Model) -> None:
+    """No intent (run, tool, canonical payload) has more possible effects than the rule allows: of two
+    calls that may have applied, the one sent later was sent with `allow`, or the model had heard the
+    other's settled outcome (hold), or the other was known not applied when it was sent."""
+    effects: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows.values():
+        if row["tool_name"] != GUARDED_TOOL or row["reused_from"] is not None:
+            continue
+        status = Status(row["status"])
+        open_conflict = row["conflict_at"] is not None and row["conflict_cleared_at"] is None
+        if status in MAY_HAVE_APPLIED or (status is Status.FAILED and open_conflict):
+            effects.setdefault((row["run_id"], row["payload_sha256"]), []).append(row)
+    for group in effects.values():
+        for i, one in enumerate(group):
+            for other in group[i + 1 :]:
+                sends = {r["key"]: _last_send(by_key[r["key"]]) for r in (one, other)}
+                if None in sends.values():
+                    continue  # not sent by a reservation at all (cannot be: a twin is always sent by one)
+                later, earlier = (one, other) if sends[one["key"]] > sends[other["key"]] else (other, one)
+                status, conflict = _state_at(by_key[earlier["key"]], sends[later["key"]])
+                may_have_applied = status in MAY_HAVE_APPLIED or (status is Status.FAILED and conflict)
+                intent, heard = model.sent_with.get(later["key"], ("hold", frozenset()))
+                heard_it = (
+                    intent == "hold"
+                    and earlier["tool_call_id"] in heard
+                    and status in (Status.COMPLETED, Status.COMPENSATED)
+                )
+                assert not may_have_applied or intent == "allow" or heard_it, (
+                    f"two effects of one intent: {later['key']} was sent ({intent}, heard {sorted(heard)}) "
+                    f"while its twin {earlier['key']} was {status}{' with an open conflict' if conflict else ''}"
+                )
+
+
+async def every_open_call_has_a_way_out(ledger: Ledger) -> None:
+    """Take, for every call still open, the decision the ledger must accept, and check it settled."""
+    for key, row in (await snapshot(ledger)).items():
+        status = Status(row["status"])
+        if status is Status.STARTED:
+            await ledger.mark_indeterminate(key, actor="inspector", reason="end of the example")
+            status = Status.INDETERMINATE
+        if status is Status.INDETERMINATE:
+            await ledger.settle(key, **settlement("operator:alice", Status.FAILED, key))
+        elif status is Status.HELD or (status is Status.AWAITING_APPROVAL and row["approved_at"] is not None):
+            await ledger.release(key, actor="operator:alice", reason="end of the example")
+        elif status is Status.AWAITING_APPROVAL:
+            await ledger.deny(key, actor="operator:alice", reason="end of the example")
+        after = Status((await snapshot(ledger))[key]["status"])
+        assert after.is_settled, f"{key} ({status}) has no way out: it is still {after}"

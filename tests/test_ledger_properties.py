@@ -1,0 +1,353 @@
+"""Interleavings explored, not only examples: a Hypothesis state machine drives the real ledger.
+
+Each example gets a fresh database (a copy of the migrated template) and three `Ledger` pools that
+act as workers, reconcilers and operators. Rules reserve (plain and guarded), report outcomes (by the
+owner, a former owner, a stranger), mark calls indeterminate, settle (one operator, or two racing),
+re-send, flag conflicts, acknowledge them, approve, deny, release, purge and read budgets. After every
+step the invariants of tests/support/ledger_invariants.py are checked against the ledger's own tables;
+at the end of each example every call still open is driven out by the decision someone may make.
+
+The ledger is async and pytest-asyncio runs async tests in one session loop, while Hypothesis drives
+rules synchronously. So the test itself is synchronous: each example's coroutines run on an event
+loop of their own in a thread (`LoopThread`), and the pools live there. The session loop is used only
+by the `template_dsn` fixture, before the first example.
+
+Bounded in the default suite; `make properties` runs many more examples (the `properties` marker and
+the Hypothesis profile `ONCEFLOW_PROPERTIES=long`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from ledger import (
+    AlreadySettledError,
+    CallIdentity,
+    ConflictNotOpenError,
+    FailureKind,
+    Guard,
+    InvalidTransitionError,
+    Ledger,
+    OutcomeIgnoredError,
+    PayloadMismatchError,
+    SideEffect,
+    Status,
+    purge_settled,
+)
+from onceflow.postgres import create_database, drop_database
+from tests.conftest import TEMPLATE
+from tests.support import ledger_invariants as inv
+from tests.support.loop_thread import LoopThread
+
+LIMIT = inv.LIMIT
+GUARDED_TOOL, PLAIN_TOOL = inv.GUARDED_TOOL, "send_note"
+CALL_IDS = ("c0", "c1", "c2", "c3")
+WORKERS = ("w1", "w2", "w3")
+OPERATORS = ("operator:alice", "operator:bob")
+EVIDENCE = {"checked": "the receiver's records"}
+SHORT, LONG = timedelta(milliseconds=1), timedelta(hours=1)
+
+settings.register_profile(
+    "default-properties",
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile(
+    "long-properties",
+    max_examples=400,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+def _profile() -> settings:
+    name = "long" if os.environ.get("ONCEFLOW_PROPERTIES") == "long" else "default"
+    return settings.get_profile(f"{name}-properties")
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    loop: LoopThread
+    admin_dsn: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = f"onceflow_prop_{uuid.uuid4().hex[:12]}"
+        self.dsn = self.run(create_database(self.admin_dsn, self.name, template=TEMPLATE))
+        # Workers, reconcilers, operators: each picks one of three pools of its own.
+        self.pools: list[Ledger] = [self.run(Ledger.connect(self.dsn, max_size=3)) for _ in range(3)]
+        self.model = inv.Model()
+        self.runs = ["r0", "r1"]
+        self.plain_runs = ["p0"]
+        self.fresh = 2
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run(coro)
+
+    def pool(self, index: int) -> Ledger:
+        return self.pools[index % len(self.pools)]
+
+    def live_keys(self) -> list[str]:
+        return sorted(self.model.live)
+
+    def pick(self, index: int) -> str:
+        keys = self.live_keys()
+        return keys[index % len(keys)]
+
+    def has_keys(self) -> bool:
+        return bool(self.model.live)
+
+    # -- reserving -------------------------------------------------------------------------------
+
+    @rule(
+        run=st.integers(0, 3),
+        call=st.sampled_from(("p0", "p1")),
+        approval=st.booleans(),
+        owner=st.sampled_from(WORKERS),
+        lease=st.sampled_from((SHORT, LONG)),
+        via=st.integers(0, 2),
+    )
+    def reserve_plain(self, run: int, call: str, approval: bool, owner: str, lease: timedelta, via: int) -> None:
+        identity = CallIdentity(tenant="t1", run_id=self.plain_runs[run % len(self.plain_runs)], tool_call_id=call)
+        result = self.run(
+            self.pool(via).reserve(
+                identity,
+                tool_name=PLAIN_TOOL,
+                side_effect=SideEffect.EXTERNAL,
+                arguments={"to": "ops"},
+                owner=owner,
+                approval=approval,
+                lease=lease,
+            )
+        )
+        self.model.live.add(result.record.key)
+
+    @rule(
+        run=st.integers(0, 1),
+        call=st.sampled_from(CALL_IDS),
+        amount=st.sampled_from((1, 2)),
+        intent=st.sampled_from(("hold", "hold", "reuse", "allow")),
+        heard=st.frozensets(st.sampled_from(CALL_IDS), max_size=3),
+        exclusive=st.booleans(),
+        budget=st.booleans(),
+        owner=st.sampled_from(WORKERS),
+        lease=st.sampled_from((SHORT, LONG)),
+        via=st.integers(0, 2),
+    )
+    def reserve_guarded(
+        self,
+        run: int,
+        call: str,
+        amount: int,
+        intent: str,
+        heard: frozenset[str],
+        exclusive: bool,
+        budget: bool,
+        owner: str,
+        lease: timedelta,
+        via: int,
+    ) -> None:
+        guard = Guard(
+            intent=intent,  # type: ignore[arg-type]
+            heard=heard,
+            entity=inv.ENTITY,
+            exclusive=exclusive,
+            amount=Decimal(amount) if budget else None,
+            limit=LIMIT if budget else None,
+            toolset=inv.TOOLSET,
+        )
+        identity = CallIdentity(tenant="t1", run_id=self.runs[run], tool_call_id=call)
+        try:
+            result = self.run(
+                self.pool(via).reserve(
+                    identity,
+                    tool_name=GUARDED_TOOL,
+                    side_effect=SideEffect.EXTERNAL,
+                    arguments={"account": inv.ENTITY, "amount": amount},
+                    owner=owner,
+                    lease=lease,
+                    guard=guard,
+                )
+            )
+        except PayloadMismatchError:
+            return  # another amount under a recorded key: refused, nothing changed
+        self.model.live.add(result.record.key)
+        if result.may_send:
+            self.model.sent_with[result.record.key] = (intent, heard)
+            if budget:  # an admission: what the budget carries now is within the limit
+                carried = self.run(inv.budget_carried(self.pools[0], self.model))
+                assert carried <= LIMIT, f"admitting {result.record.key} drew the budget to {carried}"
+
+    # -- outcomes --------------------------------------------------------------------------------
+
+    def reporter(self, key: str, who: int) -> str:
+        """The call's owner, one that owned it before, or a stranger."""
+        candidates = self.run(inv.owners(self.pools[0], key)) + ["w-stranger"]
+        return candidates[who % len(candidates)]
+
+    @precondition(has_keys)
+    @rule(
+        index=st.integers(0, 50),
+        who=st.integers(0, 3),
+        outcome=st.sampled_from(("completed", "not_attempted", "rejected", "policy_refused")),
+        via=st.integers(0, 2),
+    )
+    def report_outcome(self, index: int, who: int, outcome: str, via: int) -> None:
+        key = self.pick(index)
+        owner = self.reporter(key, who)
+        ledger = self.pool(via)
+        try:
+            if outcome == "completed":
+                self.run(ledger.complete(key, owner=owner, result={"id": key}))
+            else:
+                self.run(ledger.fail(key, owner=owner, kind=FailureKind(outcome), error=outcome))
+        except OutcomeIgnoredError:
+            pass
+
+    @precondition(has_keys)
+    @rule(index=st.integers(0, 50), via=st.integers(0, 2))
+    def inspector_marks_indeterminate(self, index: int, via: int) -> None:
+        self.run(self.pool(via).mark_indeterminate(self.pick(index), actor="inspector", reason="activity lost"))
+
+    @precondition(has_keys)
+    @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)))
+    def reconciler_late_outcome(self, index: int, status: Status) -> None:
+        self.run(self.pools[1].record_late_outcome(self.pick(index), actor="reconciler:hook", status=status))
+
+    # -- operators -------------------------------------------------------------------------------
+
+    @precondition(has_keys)
+    @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)), who=st.integers(0, 1))
+    def settle(self, index: int, status: Status, who: int) -> None:
+        key = self.pick(index)
+        outcome = self.run(inv.attempt(self.pools[2].settle(key, **inv.settlement(OPERATORS[who], status, key))))
+        self.model.note_decision(key, OPERATORS[who], outcome)
+
+    @precondition(has_keys)
+    @rule(
+        index=st.integers(0, 50),
+        first=st.sampled_from((Status.COMPLETED, Status.FAILED)),
+        second=st.sampled_from((Status.COMPLETED, Status.FAILED)),
+    )
+    def two_operators_race(self, index: int, first: Status, second: Status) -> None:
+        key = self.pick(index)
+        alice, bob = self.run(
+            inv.race(
+                self.pools[1].settle(key, **inv.settlement(OPERATORS[0], first, key)),
+                self.pools[2].settle(key, **inv.settlement(OPERATORS[1], second, key)),
+            )
+        )
+        won = [actor for actor, out in zip(OPERATORS, (alice, bob), strict=True) if not isinstance(out, Exception)]
+        assert len(won) <= 1, f"both operators settled {key}"
+        for actor, out in zip(OPERATORS, (alice, bob), strict=True):
+            self.model.note_decision(key, actor, out)
+            if won and isinstance(out, AlreadySettledError):
+                assert out.settled_by == won[0], f"the loser was told {out.settled_by}, not {won[0]}"
+        if won:
+            loser = alice if won[0] == OPERATORS[1] else bob
+            assert isinstance(loser, AlreadySettledError), f"the losing operator got {loser!r}"
+
+    @precondition(has_keys)
+    @rule(index=st.integers(0, 50), action=st.sampled_from(("approve", "deny", "release")), who=st.integers(0, 1))
+    def operator_decides(self, index: int, action: str, who: int) -> None:
+        key, actor, ledger = self.pick(index), OPERATORS[who], self.pools[2]
+        if action == "approve":
+            coro = ledger.approve(key, actor=actor)
+        elif action == "deny":
+            coro = ledger.deny(key, actor=actor, reason="not now")
+        else:
+            coro = ledger.release(key, actor=actor, reason="never sent; let it go")
+        self.model.note_decision(key, actor, self.run(inv.attempt(coro)))
+
+    @precondition(has_keys)
+    @rule(
+        index=st.integers(0, 50),
+        status=st.sampled_from((Status.COMPLETED, Status.FAILED, Status.COMPENSATED)),
+        who=st.integers(0, 1),
+    )
+    def acknowledge(self, index: int, status: Status, who: int) -> None:
+        key = self.pick(index)
+        coro = self.pools[2].acknowledge_conflict(
+            key, actor=OPERATORS[who], status=status, reason="looked at the other side", evidence=EVIDENCE
+        )
+        try:
+            self.run(coro)
+        except ConflictNotOpenError:
+            pass
+
+    @precondition(has_keys)
+    @rule(index=st.integers(0, 50), inside=st.booleans())
+    def reconciler_resends(self, index: int, inside: bool) -> None:
+        window, lead = (timedelta(hours=24), timedelta(minutes=1)) if inside else (timedelta(seconds=1), timedelta(seconds=1))
+        self.run(self.pools[1].begin_resend(self.pick(index), window=window, lead=lead))
+
+    # -- retention and budgets -------------------------------------------------------------------
+
+    @rule()
+    def purge(self) -> None:
+        """Retention with the ledger's own purge. It takes only calls settled more than a day ago, so
+        the test ages its own database's rows and events by two days first (no API sets a time)."""
+        before = self.run(inv.snapshot(self.pools[0]))
+        self.run(inv.age_everything(self.dsn, timedelta(days=2)))
+        self.run(purge_settled(self.pools[0], older_than=timedelta(days=1)))
+        self.model.purged(before, self.run(inv.snapshot(self.pools[0])))
+        gone = {row["run_id"] for key, row in before.items() if key not in self.model.live}
+        for runs in (self.runs, self.plain_runs):
+            for i, run_id in enumerate(runs):
+                if run_id in gone:  # a purged run is over: new calls go to a new run
+                    runs[i] = f"r{self.fresh}"
+                    self.fresh += 1
+
+    @rule(via=st.integers(0, 2))
+    def read_budget(self, via: int) -> None:
+        ledger_says = self.run(inv.ledger_budget(self.pool(via)))
+        expected = self.run(inv.budget_carried(self.pools[0], self.model))
+        assert ledger_says == expected, f"the ledger reads the budget as {ledger_says}, the rows say {expected}"
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def ledger_invariants(self) -> None:
+        self.run(inv.check(self.pools[0], self.model))
+
+    def teardown(self) -> None:
+        try:
+            self.run(inv.every_open_call_has_a_way_out(self.pools[2]))
+        finally:
+            for ledger in self.pools:
+                self.run(ledger.close())
+            self.run(drop_database(self.admin_dsn, self.name))
+
+
+@pytest.fixture(scope="module")
+def loop_thread() -> Any:
+    with LoopThread() as loop:
+        yield loop
+
+
+def _explore(loop_thread: LoopThread, postgres_dsn: str, chosen: settings) -> None:
+    LedgerMachine.loop = loop_thread
+    LedgerMachine.admin_dsn = postgres_dsn
+    run_state_machine_as_test(LedgerMachine, settings=chosen)
+
+
+def test_ledger_interleavings_keep_the_invariants(loop_thread: LoopThread, postgres_dsn: str, template_dsn: str) -> None:
+    _explore(loop_thread, postgres_dsn, _profile())
+
+
+@pytest.mark.properties
+def test_ledger_interleavings_keep_the_invariants_long(
+    loop_thread: LoopThread, postgres_dsn: str, template_dsn: str
+) -> None:
+    _explore(loop_thread, postgres_dsn, settings.get_profile("long-properties"))

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from ledger import (
     AlreadySettledError,
@@ -56,6 +56,19 @@ OPERATORS = ("operator:alice", "operator:bob")
 EVIDENCE = {"checked": "the receiver's records"}
 SHORT, LONG = timedelta(milliseconds=1), timedelta(hours=1)
 
+# How a guarded call is reserved: the intent rule, what the model had heard, entity and budget.
+GUARDS = st.fixed_dictionaries(
+    {
+        "intent": st.sampled_from(("hold", "hold", "reuse", "allow")),
+        "heard": st.frozensets(st.sampled_from(CALL_IDS), max_size=3),
+        "exclusive": st.booleans(),
+        "budget": st.booleans(),
+        "owner": st.sampled_from(WORKERS),
+        "lease": st.sampled_from((SHORT, LONG)),
+        "via": st.integers(0, 2),
+    }
+)
+
 settings.register_profile(
     "default-properties",
     max_examples=40,
@@ -65,7 +78,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "long-properties",
-    max_examples=400,
+    max_examples=int(os.environ.get("ONCEFLOW_PROPERTIES_EXAMPLES", "400")),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -91,6 +104,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.runs = ["r0", "r1"]
         self.plain_runs = ["p0"]
         self.fresh = 2
+        self.guarded_calls: dict[str, tuple[str, str, int]] = {}  # key: (run, tool call id, amount)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run(coro)
@@ -101,12 +115,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def live_keys(self) -> list[str]:
         return sorted(self.model.live)
 
-    def pick(self, index: int) -> str:
+    def pick(self, index: int) -> str | None:
+        """A reserved call's key, or None before any: the rule then does nothing. No preconditions on
+        the ledger's state, so what Hypothesis draws never depends on it (replays stay faithful)."""
         keys = self.live_keys()
-        return keys[index % len(keys)]
-
-    def has_keys(self) -> bool:
-        return bool(self.model.live)
+        return keys[index % len(keys)] if keys else None
 
     # -- reserving -------------------------------------------------------------------------------
 
@@ -133,23 +146,31 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         self.model.live.add(result.record.key)
 
-    @rule(
-        run=st.integers(0, 1),
-        call=st.sampled_from(CALL_IDS),
-        amount=st.sampled_from((1, 2)),
-        intent=st.sampled_from(("hold", "hold", "reuse", "allow")),
-        heard=st.frozensets(st.sampled_from(CALL_IDS), max_size=3),
-        exclusive=st.booleans(),
-        budget=st.booleans(),
-        owner=st.sampled_from(WORKERS),
-        lease=st.sampled_from((SHORT, LONG)),
-        via=st.integers(0, 2),
-    )
-    def reserve_guarded(
+    @rule(run=st.integers(0, 1), call=st.sampled_from(CALL_IDS), amount=st.sampled_from((1, 2)), how=GUARDS)
+    def reserve_guarded(self, run: int, call: str, amount: int, how: dict[str, Any]) -> None:
+        self.guarded(self.runs[run], call, amount, **how)
+
+    @rule(index=st.integers(0, 50), how=GUARDS)
+    def retry_guarded(self, index: int, how: dict[str, Any]) -> None:
+        """A call's key reserved again (a retry, a reset), with its own payload."""
+        calls = sorted(k for k in self.model.live if k in self.guarded_calls)
+        if calls:
+            self.guarded(*self.guarded_calls[calls[index % len(calls)]], **how)
+
+    @rule(index=st.integers(0, 50), call=st.sampled_from(CALL_IDS), how=GUARDS)
+    def twin_guarded(self, index: int, call: str, how: dict[str, Any]) -> None:
+        """Another call of a run with the same payload as one of its calls: a twin."""
+        calls = sorted(k for k in self.model.live if k in self.guarded_calls)
+        if calls:
+            run_id, _, amount = self.guarded_calls[calls[index % len(calls)]]
+            self.guarded(run_id, call, amount, **how)
+
+    def guarded(
         self,
-        run: int,
+        run_id: str,
         call: str,
         amount: int,
+        *,
         intent: str,
         heard: frozenset[str],
         exclusive: bool,
@@ -167,7 +188,7 @@ class LedgerMachine(RuleBasedStateMachine):
             limit=LIMIT if budget else None,
             toolset=inv.TOOLSET,
         )
-        identity = CallIdentity(tenant="t1", run_id=self.runs[run], tool_call_id=call)
+        identity = CallIdentity(tenant="t1", run_id=run_id, tool_call_id=call)
         try:
             result = self.run(
                 self.pool(via).reserve(
@@ -182,12 +203,14 @@ class LedgerMachine(RuleBasedStateMachine):
             )
         except PayloadMismatchError:
             return  # another amount under a recorded key: refused, nothing changed
-        self.model.live.add(result.record.key)
+        key = result.record.key
+        self.model.live.add(key)
+        self.guarded_calls.setdefault(key, (run_id, call, amount))
         if result.may_send:
-            self.model.sent_with[result.record.key] = (intent, heard)
+            self.model.sent_with[key] = (intent, heard)
             if budget:  # an admission: what the budget carries now is within the limit
                 carried = self.run(inv.budget_carried(self.pools[0], self.model))
-                assert carried <= LIMIT, f"admitting {result.record.key} drew the budget to {carried}"
+                assert carried <= LIMIT, f"admitting {key} drew the budget to {carried}"
 
     # -- outcomes --------------------------------------------------------------------------------
 
@@ -196,7 +219,6 @@ class LedgerMachine(RuleBasedStateMachine):
         candidates = self.run(inv.owners(self.pools[0], key)) + ["w-stranger"]
         return candidates[who % len(candidates)]
 
-    @precondition(has_keys)
     @rule(
         index=st.integers(0, 50),
         who=st.integers(0, 3),
@@ -205,6 +227,8 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def report_outcome(self, index: int, who: int, outcome: str, via: int) -> None:
         key = self.pick(index)
+        if key is None:
+            return
         owner = self.reporter(key, who)
         ledger = self.pool(via)
         try:
@@ -215,26 +239,28 @@ class LedgerMachine(RuleBasedStateMachine):
         except OutcomeIgnoredError:
             pass
 
-    @precondition(has_keys)
     @rule(index=st.integers(0, 50), via=st.integers(0, 2))
     def inspector_marks_indeterminate(self, index: int, via: int) -> None:
-        self.run(self.pool(via).mark_indeterminate(self.pick(index), actor="inspector", reason="activity lost"))
+        key = self.pick(index)
+        if key is not None:
+            self.run(self.pool(via).mark_indeterminate(key, actor="inspector", reason="activity lost"))
 
-    @precondition(has_keys)
     @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)))
     def reconciler_late_outcome(self, index: int, status: Status) -> None:
-        self.run(self.pools[1].record_late_outcome(self.pick(index), actor="reconciler:hook", status=status))
+        key = self.pick(index)
+        if key is not None:
+            self.run(self.pools[1].record_late_outcome(key, actor="reconciler:hook", status=status))
 
     # -- operators -------------------------------------------------------------------------------
 
-    @precondition(has_keys)
     @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)), who=st.integers(0, 1))
     def settle(self, index: int, status: Status, who: int) -> None:
         key = self.pick(index)
+        if key is None:
+            return
         outcome = self.run(inv.attempt(self.pools[2].settle(key, **inv.settlement(OPERATORS[who], status, key))))
         self.model.note_decision(key, OPERATORS[who], outcome)
 
-    @precondition(has_keys)
     @rule(
         index=st.integers(0, 50),
         first=st.sampled_from((Status.COMPLETED, Status.FAILED)),
@@ -242,6 +268,8 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def two_operators_race(self, index: int, first: Status, second: Status) -> None:
         key = self.pick(index)
+        if key is None:
+            return
         alice, bob = self.run(
             inv.race(
                 self.pools[1].settle(key, **inv.settlement(OPERATORS[0], first, key)),
@@ -258,10 +286,11 @@ class LedgerMachine(RuleBasedStateMachine):
             loser = alice if won[0] == OPERATORS[1] else bob
             assert isinstance(loser, AlreadySettledError), f"the losing operator got {loser!r}"
 
-    @precondition(has_keys)
     @rule(index=st.integers(0, 50), action=st.sampled_from(("approve", "deny", "release")), who=st.integers(0, 1))
     def operator_decides(self, index: int, action: str, who: int) -> None:
         key, actor, ledger = self.pick(index), OPERATORS[who], self.pools[2]
+        if key is None:
+            return
         if action == "approve":
             coro = ledger.approve(key, actor=actor)
         elif action == "deny":
@@ -270,7 +299,6 @@ class LedgerMachine(RuleBasedStateMachine):
             coro = ledger.release(key, actor=actor, reason="never sent; let it go")
         self.model.note_decision(key, actor, self.run(inv.attempt(coro)))
 
-    @precondition(has_keys)
     @rule(
         index=st.integers(0, 50),
         status=st.sampled_from((Status.COMPLETED, Status.FAILED, Status.COMPENSATED)),
@@ -278,6 +306,8 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def acknowledge(self, index: int, status: Status, who: int) -> None:
         key = self.pick(index)
+        if key is None:
+            return
         coro = self.pools[2].acknowledge_conflict(
             key, actor=OPERATORS[who], status=status, reason="looked at the other side", evidence=EVIDENCE
         )
@@ -286,11 +316,12 @@ class LedgerMachine(RuleBasedStateMachine):
         except ConflictNotOpenError:
             pass
 
-    @precondition(has_keys)
     @rule(index=st.integers(0, 50), inside=st.booleans())
     def reconciler_resends(self, index: int, inside: bool) -> None:
         window, lead = (timedelta(hours=24), timedelta(minutes=1)) if inside else (timedelta(seconds=1), timedelta(seconds=1))
-        self.run(self.pools[1].begin_resend(self.pick(index), window=window, lead=lead))
+        key = self.pick(index)
+        if key is not None:
+            self.run(self.pools[1].begin_resend(key, window=window, lead=lead))
 
     # -- retention and budgets -------------------------------------------------------------------
 

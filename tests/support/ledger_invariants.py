@@ -151,6 +151,7 @@ async def check(ledger: Ledger, model: Model) -> None:
     for key, row in rows.items():
         _decision_stands(row, by_key[key])
         _way_out(row)
+        _never_resent_after_a_conflict(row, by_key[key])
     _intent_rule(rows, by_key, model)
     conflicted = sum((r["amount"] for r in rows.values() if _draws(r) and r["conflict_at"] is not None), Decimal(0))
     carried = await budget_carried(ledger, model)
@@ -186,6 +187,15 @@ def _way_out(row: dict[str, Any]) -> None:
         assert row["owner"] and row["lease_expires_at"] is not None, f"{row['key']} is started with no lease"
     if status is Status.HELD:
         assert row["held_by"], f"{row['key']} is held behind nothing"
+
+
+def _never_resent_after_a_conflict(row: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    """A call ever in conflict is final: open, its owner says it took effect; acknowledged, an
+    operator said what the world is. No reservation hands it out again."""
+    conflicts = [e["id"] for e in events if e["kind"] == "outcome_conflict"]
+    if conflicts:
+        sent = _last_send(events)
+        assert sent is None or sent < conflicts[0], f"{row['key']} was sent again after its conflict"
 
 
 def _state_at(events: list[dict[str, Any]], before: int) -> tuple[Status | None, bool]:

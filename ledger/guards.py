@@ -242,8 +242,11 @@ def _heard(twin: ToolExecutionRecord, guard: Guard) -> bool:
 
 
 def _older(other: ToolExecutionRecord, call: Candidate) -> bool:
-    """Can `other` hold `call`? Only a call recorded before it can, so no two wait for each other."""
-    if call.created_at is None:
+    """Can `other` hold `call`? A held twin only when it was recorded before `call`, so no two held
+    calls wait for each other. Any other unresolved twin is not waiting for anything (it was sent, or
+    waits for an operator), so it holds `call` whatever its age: a retry of an older call that failed
+    must not be sent while a younger twin may be taking effect."""
+    if call.created_at is None or other.status is not Status.HELD:
         return True
     return (other.created_at, other.key) < (call.created_at, call.key)
 

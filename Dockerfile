@@ -1,5 +1,5 @@
 # The onceflow image: the worker (default command, `python worker.py`), the operator API
-# (`onceflow api`) and the example billing service (`python -m examples.billing.service ...`).
+# (`onceflow api`) and the example billing service (`python -m onceflow.examples.billing.service ...`).
 # docker-compose.yml builds it once for all three.
 #
 #   docker build -t onceflow .

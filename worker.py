@@ -6,7 +6,7 @@ for `onceflow health`, optional). On SIGINT or SIGTERM it stops polling and lets
 finish (up to the grace), then exits.
 """
 
-from onceflow.worker import main
+from onceflow.runtime.worker import main
 
 if __name__ == "__main__":
     main()

@@ -3,15 +3,15 @@
 from collections.abc import Callable
 from typing import Any
 
-from activities.compensation import CompensationActivities
-from activities.ledger_steps import LedgerActivities
-from activities.model import ModelActivities
-from activities.outcomes import default_identity
-from activities.reconcile import ReconcileActivities
-from activities.tools import ToolActivities
-from ledger import Ledger
-from ledger.conversations import Conversations
-from onceflow.agents import AgentRegistry
+from onceflow.activities.compensation import CompensationActivities
+from onceflow.activities.ledger_steps import LedgerActivities
+from onceflow.activities.model import ModelActivities
+from onceflow.activities.outcomes import default_identity
+from onceflow.activities.reconcile import ReconcileActivities
+from onceflow.activities.tools import ToolActivities
+from onceflow.ledger import Ledger
+from onceflow.ledger.conversations import Conversations
+from onceflow.runtime.agents import AgentRegistry
 
 __all__ = [
     "CompensationActivities",

@@ -2,6 +2,10 @@
 
 The compensation is a single-attempt call with its own key, `<key>:compensation`, reserved in the
 same ledger before it runs. When it takes effect, the original call becomes `compensated`.
+
+Who asked is read from the ledger, never from the workflow's input: the operator API appends a
+`compensation_requested` event (ledger/compensations.py), and planning claims it for this workflow
+run. A run started by hand finds nothing to claim and is refused before anything is reserved.
 """
 
 from __future__ import annotations
@@ -9,14 +13,28 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.outcomes import outcome_from_record, owner_token
-from activities.tools import record_outcome, send_once
-from ledger import CallIdentity, EventSource, Ledger, LedgerUnavailableError, Status, ToolExecutionRecord
 from onceflow import metrics
-from onceflow.agents import AgentRegistry
-from onceflow.constants import ACTIVITY_MARGIN, ERR_LEDGER_UNAVAILABLE, ERR_NO_COMPENSATION
-from onceflow.payloads import CompensationInput, CompensationPlan, ToolOutcome
-from onceflow.tools import Tool, ToolContext
+from onceflow.activities.outcomes import outcome_from_record, owner_token
+from onceflow.activities.tools import record_outcome, send_once
+from onceflow.ledger import (
+    CallIdentity,
+    CompensationNotRequestedError,
+    EventSource,
+    Ledger,
+    LedgerUnavailableError,
+    Status,
+    ToolExecutionRecord,
+)
+from onceflow.ledger.compensations import COMPENSATION_ACTOR
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import (
+    ACTIVITY_MARGIN,
+    ERR_COMPENSATION_NOT_REQUESTED,
+    ERR_LEDGER_UNAVAILABLE,
+    ERR_NO_COMPENSATION,
+)
+from onceflow.sdk.payloads import CompensationInput, CompensationPlan, ToolOutcome
+from onceflow.sdk.tools import Tool, ToolContext
 
 COMPENSATION_SUFFIX = ":compensation"
 
@@ -42,13 +60,27 @@ class CompensationActivities:
 
     @activity.defn(name="plan_compensation")
     async def plan_compensation(self, request: CompensationInput) -> CompensationPlan:
-        """Check that the call can be undone and say how long the undo may take."""
+        """Check that an operator asked (claiming the request for this run), that the call can be
+        undone, and say how long the undo may take."""
         record, tool = await self._original(request)
         if record.status not in (Status.COMPLETED, Status.COMPENSATED):
             raise ApplicationError(
                 f"{record.key} is {record.status}; only a completed call can be compensated",
                 type="NotCompensable",
                 non_retryable=True,
+            )
+        try:
+            asked = await self.ledger.claim_compensation_request(
+                record.key, workflow_run_id=activity.info().workflow_run_id or ""
+            )
+        except CompensationNotRequestedError as exc:
+            raise ApplicationError(str(exc), type=ERR_COMPENSATION_NOT_REQUESTED, non_retryable=True) from exc
+        if asked.actor != request.actor:
+            activity.logger.warning(
+                "compensation of %s: input names %r, the ledger's request %r; the ledger's stands",
+                record.key,
+                request.actor,
+                asked.actor,
             )
         assert tool.compensation is not None
         return CompensationPlan(
@@ -108,12 +140,14 @@ class CompensationActivities:
         """If the compensation took effect, the original becomes `compensated`. Returns the original."""
         done = await self.ledger.get(compensation_key(request.key), with_events=False, tenant=request.tenant)
         if done.status is Status.COMPLETED:
-            # The actor is the operator who asked the API for it; the source says it was
-            # recorded by the compensation workflow, not by the API's own request.
+            # The actor is the operator whose request (written by the API) this run claimed, never
+            # the input's; the source says the compensation workflow recorded it. A run planned
+            # before requests were claimed has none: it records no operator.
+            asked = await self.ledger.claimed_compensation_request(request.key)
             record = await self.ledger.mark_compensated(
                 request.key,
-                actor=request.actor,
-                reason=request.reason,
+                actor=asked.actor if asked else COMPENSATION_ACTOR,
+                reason=asked.reason if asked else f"{request.reason} (no operator request in the ledger)",
                 evidence={"compensation_key": done.key, "result": done.result},
                 source=EventSource.COMPENSATION,
             )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.service import RPCError
 
-from ledger import ToolExecutionRecord
-from onceflow.payloads import ConflictSignal
+from onceflow.ledger import ToolExecutionRecord
+from onceflow.sdk.payloads import ConflictSignal
 
 
 async def tell_run_of_conflict(record: ToolExecutionRecord) -> bool:

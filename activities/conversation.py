@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from temporalio.exceptions import ApplicationError
 
-from ledger import LedgerUnavailableError
-from ledger.conversations import ConversationMissingError, Conversations
-from onceflow.constants import ERR_LEDGER_UNAVAILABLE
-from onceflow.payloads import Message, ModelCallInput
+from onceflow.ledger import LedgerUnavailableError
+from onceflow.ledger.conversations import ConversationMissingError, Conversations
+from onceflow.runtime.constants import ERR_LEDGER_UNAVAILABLE
+from onceflow.sdk.payloads import Message, ModelCallInput
 
 ERR_CONVERSATION_MISSING = "ConversationMissing"
 

@@ -12,8 +12,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from ledger import Ledger, ToolExecutionRecord
-from onceflow.payloads import ResolveSignal
+from onceflow.ledger import Ledger, ToolExecutionRecord
+from onceflow.sdk.payloads import ResolveSignal
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +28,12 @@ async def wake_held(ledger: Ledger, record: ToolExecutionRecord, client: Client 
     """
     if not record.status.is_settled:
         return 0
-    held = await ledger.held_behind(record.key, tenant=record.tenant, limit=None)
+    held = await ledger.held_runs_behind(record.key, tenant=record.tenant)
     if not held:
         return 0
     client = client or activity.client()
     told = 0
-    for key in held:
-        run_id = key.rpartition(":")[0]  # the key is `<run_id>:<tool_call_id>`
+    for key, run_id in held:  # the run as recorded, never a prefix cut out of the key
         try:
             await client.get_workflow_handle(run_id).signal(
                 "resolve", ResolveSignal(key=key, actor=WAKE_ACTOR)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.held import wake_held
-from activities.outcomes import outcome_from_record
-from activities.tools import record_outcome
-from ledger import (
+from onceflow.activities.held import wake_held
+from onceflow.activities.outcomes import outcome_from_record
+from onceflow.activities.tools import record_outcome
+from onceflow.ledger import (
     AlreadySettledError,
     EventSource,
     InvalidTransitionError,
@@ -18,7 +18,7 @@ from ledger import (
     Status,
     unauthenticated_actor,
 )
-from onceflow.payloads import (
+from onceflow.sdk.payloads import (
     CallRef,
     EscalateInput,
     ExpireApprovalInput,

@@ -8,12 +8,12 @@ from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.conversation import whole_conversation
-from ledger.conversations import Conversations
-from onceflow.agents import AgentRegistry
-from onceflow.constants import MODEL_HEARTBEAT
+from onceflow.activities.conversation import whole_conversation
+from onceflow.ledger.conversations import Conversations
 from onceflow.models import Model, ScriptError
-from onceflow.payloads import AgentSpec, ModelCallInput, ModelTurn
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import MODEL_HEARTBEAT
+from onceflow.sdk.payloads import AgentSpec, ModelCallInput, ModelTurn
 
 
 class ModelActivities:

@@ -7,8 +7,8 @@ import socket
 
 from temporalio import activity
 
-from ledger import ToolExecutionRecord
-from onceflow.payloads import ToolOutcome
+from onceflow.ledger import ToolExecutionRecord
+from onceflow.sdk.payloads import ToolOutcome
 
 
 def outcome_from_record(record: ToolExecutionRecord, *, replayed: bool = False) -> ToolOutcome:

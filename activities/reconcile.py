@@ -1,12 +1,14 @@
 """Reconcile: find out whether an unknown call took effect, and settle it when the answer is definite.
 
 Two strategies, in this order:
-1. the tool's reconcile hook, when it has one;
+1. the tool's reconcile hook, when it has one (a hook that raises `ToolKeyNotFoundError` proved
+   the effect absent);
 2. when there is no hook, or it answered unknown, and the tool declares a receiver dedup window:
    send the call again with the same key, if the ledger says the window still allows it
    (ledger/resends.py). The receiver honours the key, so the answer is the first request's answer,
-   or the call applied now if the first never arrived: either way one effect, and a definite answer
-   settles the call, with evidence naming the strategy.
+   or the call applied now if the first never arrived: either way one effect. A success settles
+   the call completed; only an answer saying the receiver has no record of the key
+   (`ToolKeyNotFoundError`) settles it failed. Every other refusal leaves it unknown.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.conflicts import tell_run_of_conflict
-from activities.held import wake_held
-from activities.outcomes import outcome_from_record
-from activities.tools import send_once
-from ledger import (
+from onceflow import metrics
+from onceflow.activities.conflicts import tell_run_of_conflict
+from onceflow.activities.held import wake_held
+from onceflow.activities.outcomes import outcome_from_record
+from onceflow.activities.tools import send_once, unkeepable_result
+from onceflow.ledger import (
     EventSource,
     FailureKind,
     InvalidTransitionError,
@@ -30,11 +33,10 @@ from ledger import (
     Status,
     ToolExecutionRecord,
 )
-from onceflow import metrics
-from onceflow.agents import AgentRegistry
-from onceflow.constants import ACTIVITY_MARGIN
-from onceflow.payloads import OwnerOutcome, ReconcileInput, ToolOutcome
-from onceflow.tools import OutcomeStatus, Tool, ToolContext
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import ACTIVITY_MARGIN
+from onceflow.sdk.payloads import OwnerOutcome, ReconcileInput, ToolOutcome, result_problem
+from onceflow.sdk.tools import OutcomeStatus, Tool, ToolContext
 
 RECONCILER = "reconciler"
 # What a resend must leave before the window's end, beyond the tool's own timeout: the receiver's
@@ -42,6 +44,18 @@ RECONCILER = "reconciler"
 RESEND_MARGIN = ACTIVITY_MARGIN
 # Kept free at the end of this activity's own time, so a resend cut short is recorded as such.
 _SPARE_SECONDS = 1.0
+
+
+def _keepable(result: Any, evidence: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
+    """A lookup's or resend's answer as the ledger can store it: what JSON cannot carry (NaN,
+    Infinity) is left out and said so, and the settlement itself still lands."""
+    problem = result_problem(result)
+    if problem is not None:
+        result = {"result_omitted": unkeepable_result(problem)}
+    problem = result_problem(evidence)
+    if problem is not None:
+        evidence = {"evidence_omitted": f"the evidence given cannot be kept: {problem}"}
+    return result, evidence
 
 
 class ReconcileActivities:
@@ -130,25 +144,19 @@ class ReconcileActivities:
                 evidence=evidence,
                 result=sent.value,
             )
-        # A refusal of the resend says the first request did not take effect either: the receiver
-        # would have answered a repeat of an applied key with the first answer. Not attempted (the
-        # resend never left) says nothing about the first request.
-        if sent.status == "failed" and sent.failure_kind in (
-            FailureKind.REJECTED,
-            FailureKind.POLICY_REFUSED,
-        ):
-            assert sent.failure_kind is not None
+        # Only a receiver saying it has no record of the key proves the first request never took
+        # effect. Any other refusal may be about the key being known ("already used with a
+        # different body", "request in progress": the first request arrived, and perhaps applied),
+        # or a rule checked before the key; it proves nothing, so the call stays unknown. Not
+        # attempted (the resend never left) says nothing about the first request either.
+        if sent.status == "failed" and sent.no_record_of_key:
             return await self._settle(
                 record,
                 Status.FAILED,
                 reason=f"re-sent with the same key inside {tool.name}'s receiver dedup window; "
-                f"the receiver refused it ({sent.failure_kind}), so it never took effect",
-                evidence={**evidence, "answer": sent.error, "answer_kind": sent.failure_kind.value},
-                failure_kind=(
-                    FailureKind.POLICY_REFUSED
-                    if sent.failure_kind is FailureKind.POLICY_REFUSED
-                    else FailureKind.NOT_APPLIED
-                ),
+                "the receiver has no record of the key, so the call never took effect",
+                evidence={**evidence, "answer": sent.error, "answer_kind": "no_record_of_key"},
+                failure_kind=FailureKind.NOT_APPLIED,
             )
         await self.ledger.append_event(
             record.key,
@@ -157,7 +165,13 @@ class ReconcileActivities:
             source=EventSource.RECONCILER,
             from_status=Status.INDETERMINATE,
             reason=f"the resend told nothing: {sent.error or sent.status}"[:2000],
-            detail={"resend": decision.resends},
+            detail={
+                "resend": decision.resends,
+                "answer_kind": sent.failure_kind.value if sent.failure_kind else sent.status,
+                # A refusal came back, so the resend is off the wire and its lease ends now; a
+                # timeout or a dropped connection may still be on it, until the lease runs out.
+                "answered": sent.status == "failed",
+            },
         )
         return outcome_from_record(await self.ledger.get(record.key, with_events=False))
 
@@ -180,6 +194,7 @@ class ReconcileActivities:
         result_reference: str | None = None,
         failure_kind: FailureKind = FailureKind.NOT_APPLIED,
     ) -> ToolOutcome:
+        result, evidence = _keepable(result, evidence)
         try:
             settled = await self.ledger.settle(
                 record.key,

@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any, Literal
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.conflicts import tell_run_of_conflict
-from activities.held import wake_held
-from activities.outcomes import outcome_from_record, owner_token
-from ledger import (
+from onceflow import metrics
+from onceflow.activities.conflicts import tell_run_of_conflict
+from onceflow.activities.held import wake_held
+from onceflow.activities.outcomes import outcome_from_record, owner_token
+from onceflow.ledger import (
     CallIdentity,
     EventSource,
     FailureKind,
@@ -27,24 +29,29 @@ from ledger import (
     TenantMismatchError,
     ToolExecutionRecord,
 )
-from ledger.guarded import decided_again
-from onceflow import metrics
-from onceflow.agents import AgentRegistry
-from onceflow.constants import (
+from onceflow.ledger.canonical import strict_loads, uncarried
+from onceflow.ledger.guarded import decided_again
+from onceflow.ledger.run_ids import RunIds, RunIdTakenError
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import (
     ACTIVITY_MARGIN,
     ERR_BUDGET_LIMIT_UNAVAILABLE,
+    ERR_INVALID_RUN_ID,
     ERR_LEDGER_UNAVAILABLE,
+    ERR_NOT_A_READ,
     ERR_OUTCOME_NOT_RECORDED,
     ERR_PAYLOAD_MISMATCH,
+    ERR_RUN_ID_TAKEN,
     ERR_TENANT_MISMATCH,
 )
-from onceflow.keys import call_key
-from onceflow.payloads import OwnerOutcome, ToolCall, ToolCallInput, ToolOutcome
-from onceflow.tools import (
+from onceflow.sdk.keys import InvalidRunIdError, call_key, check_run_id, limit_read_key
+from onceflow.sdk.payloads import OwnerOutcome, ToolCall, ToolCallInput, ToolOutcome, result_problem
+from onceflow.sdk.tools import (
     Guards,
     InvalidToolArgumentsError,
     Tool,
     ToolContext,
+    ToolKeyNotFoundError,
     ToolNotAttemptedError,
     ToolRefusedError,
     ToolRejectedError,
@@ -119,11 +126,32 @@ def _checked_arguments(tool: Tool, call: ToolCall) -> dict[str, Any]:
 def _split_arguments(tool: Tool, call: ToolCall) -> tuple[dict[str, Any], str | None]:
     """The call's own arguments, validated, and the tool call id it says it replaces (if any)."""
     if call.invalid_arguments is not None:
-        raise InvalidToolArgumentsError(
-            tool.name, [f"arguments must be a JSON object, got {call.invalid_arguments[:200]!r}"]
-        )
+        raise InvalidToolArgumentsError(tool.name, [_not_an_object(call.invalid_arguments)])
     arguments, replaces = tool.split_replaces(call.arguments)
-    return tool.validate_arguments(arguments), replaces
+    valid = tool.validate_arguments(arguments)
+    # What canonical JSON cannot carry (an integer beyond 2^53, say) could not be reserved: the
+    # model hears it as an invalid argument and may correct itself; the run goes on.
+    problem = uncarried(valid)
+    if problem is not None:
+        raise InvalidToolArgumentsError(tool.name, [problem])
+    return valid, replaces
+
+
+def _not_an_object(sent: str) -> str:
+    try:
+        strict_loads(sent)
+    except ValueError as exc:
+        if "JSON number" in str(exc) or "infinity" in str(exc):
+            return f"arguments must be a JSON object of finite numbers ({exc}), got {sent[:200]!r}"
+    return f"arguments must be a JSON object, got {sent[:200]!r}"
+
+
+def unkeepable_result(problem: str) -> str:
+    """What the model is told when a tool's answer cannot be kept (see `result_problem`)."""
+    return f"the tool's result cannot be kept or handed on: {problem}"
+
+
+_CLAIMS_REMEMBERED = 10_000
 
 
 class BudgetLimitUnavailableError(Exception):
@@ -159,12 +187,29 @@ class ToolActivities:
         self.ledger = ledger
         self.registry = registry
         self.worker_identity = worker_identity
+        self.run_ids = RunIds(ledger)
+        # Run ids this worker saw claimed by the run at hand: a claim never changes hands.
+        self._claimed: set[tuple[str, str]] = set()
 
     @activity.defn(name="run_read_tool")
     async def run_read_tool(self, tool_input: ToolCallInput) -> ToolOutcome:
-        """A read: no ledger, and an exception means Temporal tries again (three attempts)."""
+        """A read: no ledger, and an exception means Temporal tries again (three attempts).
+
+        The run chose this activity from the classes it was told at its start; this worker's own
+        class for the tool decides. A tool it classifies as changing the world (an annotation
+        corrected to `effect: external` since the run started) is refused, non-retryably, before
+        anything is called: it would otherwise run up to three times without a ledger key.
+        """
         tool = self.registry.tool(tool_input.agent, tool_input.call.name)
         call = tool_input.call
+        if tool.effect.changes_the_world:
+            raise ApplicationError(
+                f"{call.name} was not called: this worker classifies it as {tool.side_effect}, not "
+                "read, and a call that changes the world is never sent as a read (retried, with no "
+                "ledger key). Runs started after the change send it as a write.",
+                type=ERR_NOT_A_READ,
+                non_retryable=True,
+            )
         try:
             arguments = _checked_arguments(tool, call)
         except InvalidToolArgumentsError as exc:
@@ -178,6 +223,10 @@ class ToolActivities:
             return _refused(call, exc)
         except ToolRefusedError as exc:
             return _refused(call, exc, FailureKind.POLICY_REFUSED)
+        unkeepable = result_problem(value)
+        if unkeepable is not None:
+            # A read changed nothing: the model is told, and nothing pretends to be its answer.
+            return _refused(call, ValueError(unkeepable_result(unkeepable)))
         too_large = _oversized(value, self._result_cap(tool_input))
         if too_large:
             return ToolOutcome(
@@ -193,6 +242,8 @@ class ToolActivities:
         """Reserve the key, run the tool once with it, record what happened."""
         tool = self.registry.tool(tool_input.agent, tool_input.call.name)
         call = tool_input.call
+        # First of all, before the ledger or any limit read is asked: is this run's run id its own?
+        await self._claim_run_id(tool_input)
         try:
             arguments, replaces = _split_arguments(tool, call)
         except InvalidToolArgumentsError as exc:
@@ -275,6 +326,30 @@ class ToolActivities:
                 f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
             ) from exc
 
+    async def _claim_run_id(self, tool_input: ToolCallInput) -> None:
+        """Before anything is reserved: the run id must be one keys can be built from, and this run's
+        (claimed by its first write; refused to any other run forever, ledger/run_ids.py)."""
+        try:
+            check_run_id(tool_input.run_id)
+        except InvalidRunIdError as exc:
+            raise ApplicationError(str(exc), type=ERR_INVALID_RUN_ID, non_retryable=True) from exc
+        execution = tool_input.first_execution_run_id
+        if execution is None or (tool_input.run_id, execution) in self._claimed:
+            return
+        try:
+            await self.run_ids.claim(
+                tool_input.run_id, execution=execution, tenant=tool_input.tenant, agent=tool_input.agent
+            )
+        except RunIdTakenError as exc:
+            raise ApplicationError(str(exc), type=ERR_RUN_ID_TAKEN, non_retryable=True) from exc
+        except LedgerUnavailableError as exc:
+            raise ApplicationError(
+                f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
+            ) from exc
+        if len(self._claimed) >= _CLAIMS_REMEMBERED:
+            self._claimed.clear()
+        self._claimed.add((tool_input.run_id, execution))
+
     async def _budget_limit(
         self,
         tool_input: ToolCallInput,
@@ -293,7 +368,12 @@ class ToolActivities:
         if recorded is not None and recorded.budget_limit is not None and not decided_again(recorded):
             return recorded.budget_limit
         reader = self.registry.tool(tool_input.agent, declared.limit_from)
-        context = _context(tool_input, 1)
+        write_key = call_key(tool_input.run_id, tool_input.call.id)
+        # The read's own key, the write's beside it: a cache keyed on the key alone must not answer
+        # the write with this read's answer (onceflow/mcp/meta.py).
+        context = replace(
+            _context(tool_input, 1), idempotency_key=limit_read_key(write_key), for_key=write_key
+        )
         try:
             value = await asyncio.wait_for(
                 reader.invoke(_limit_arguments(declared, arguments), context),
@@ -337,6 +417,13 @@ async def send_once(
         value = await asyncio.wait_for(invoke(), timeout)
     except ToolNotAttemptedError as exc:
         return outcome("failed", failure_kind=FailureKind.NOT_ATTEMPTED, error=str(exc) or "not attempted")
+    except ToolKeyNotFoundError as exc:
+        return outcome(
+            "failed",
+            failure_kind=FailureKind.REJECTED,
+            error=str(exc) or "no record of the key",
+            no_record_of_key=True,
+        )
     except ToolRejectedError as exc:
         return outcome("failed", failure_kind=FailureKind.REJECTED, error=str(exc) or "rejected")
     except ToolRefusedError as exc:  # final: the ledger never re-reserves the key
@@ -346,4 +433,9 @@ async def send_once(
     except Exception as exc:  # an unknown error after the request may have left is unknown
         activity.logger.warning("tool %s raised %r; outcome unknown", tool_name, exc)
         return outcome("indeterminate", error=f"{type(exc).__name__}: {exc}"[:2000])
+    unkeepable = result_problem(value)
+    if unkeepable is not None:
+        # It took effect; only its answer cannot be stored (jsonb has no NaN) nor passed on as
+        # JSON. The completion is recorded, the answer is not, and the ledger and the model say so.
+        return outcome("completed", value={"result_omitted": unkeepable_result(unkeepable)})
     return outcome("completed", value=to_jsonable(value))

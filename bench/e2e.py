@@ -21,7 +21,7 @@ for onceflow the ledger's reserve and complete. Per run: wall time from start to
     .venv/bin/python bench/e2e.py [--runs 50] [--warmup 5] [--plain-shape mirrored|single]
                                   [--shared-ssl-context]
 
-TEMPORAL_ADDRESS or ONCEFLOW_DATABASE_URL, when set, replace the embedded parts (see onceflow.dev).
+TEMPORAL_ADDRESS or ONCEFLOW_DATABASE_URL, when set, replace the embedded parts (see onceflow.cli.dev).
 """
 
 from __future__ import annotations
@@ -51,17 +51,17 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 with workflow.unsafe.imports_passed_through():
     import httpx
 
-    from activities import all_activities, default_identity
-    from examples.billing.client import BillingClient
-    from examples.billing.tools import CREDIT_TIMEOUT
-    from ledger import Ledger
-    from onceflow.agents import AgentRegistry, build_registry
-    from onceflow.client import connect, new_run_id, start_run
-    from onceflow.config import Settings, env
-    from onceflow.constants import ACTIVITY_MARGIN, LEDGER_STEP_TIMEOUT
-    from onceflow.dev import DevStack, StackConfig
-    from onceflow.payloads import AgentRunInput
-    from workflows import ALL_WORKFLOWS
+    from onceflow.activities import all_activities, default_identity
+    from onceflow.cli.dev import DevStack, StackConfig
+    from onceflow.examples.billing.client import BillingClient
+    from onceflow.examples.billing.tools import CREDIT_TIMEOUT
+    from onceflow.ledger import Ledger
+    from onceflow.runtime.agents import AgentRegistry, build_registry
+    from onceflow.runtime.client import connect, new_run_id, start_run
+    from onceflow.runtime.config import Settings, env
+    from onceflow.runtime.constants import ACTIVITY_MARGIN, LEDGER_STEP_TIMEOUT
+    from onceflow.sdk.payloads import AgentRunInput
+    from onceflow.workflows import ALL_WORKFLOWS
 
 TASK_QUEUE = "onceflow-bench-e2e"
 AGENT = "bench-credit"
@@ -75,7 +75,7 @@ PLAIN_SHAPES = {"mirrored": (2, 1), "single": (0, 0)}
 
 # One agent whose scripted model makes exactly one write call, then answers.
 AGENTS: dict[str, Any] = {
-    "toolsets": {"billing": "examples.billing.tools:billing"},
+    "toolsets": {"billing": "onceflow.examples.billing.tools:billing"},
     "agents": {
         AGENT: {
             "model": {
@@ -309,7 +309,7 @@ def free_ports(count: int) -> list[int]:
 
 
 def bench_worker(client: Client, ledger: Ledger, registry: AgentRegistry) -> Worker:
-    """onceflow's worker as onceflow.worker.build_worker makes it, plus the plain workflow and
+    """onceflow's worker as onceflow.runtime.worker.build_worker makes it, plus the plain workflow and
     activity and the timing interceptor (which times both kinds alike).
 
     (build_worker's Worker registers itself with the client as it is made, so it cannot be copied

@@ -25,8 +25,13 @@ import uuid
 from decimal import Decimal
 from pathlib import Path
 
-from ledger import CallIdentity, Guard, Ledger, SideEffect, migrate
-from onceflow.postgres import configured_database_url, create_database, drop_database, start_embedded_postgres
+from onceflow.ledger import CallIdentity, Guard, Ledger, SideEffect, migrate
+from onceflow.local.postgres import (
+    configured_database_url,
+    create_database,
+    drop_database,
+    start_embedded_postgres,
+)
 
 VARIANTS = ("none", "intent", "budget")
 

@@ -25,14 +25,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, migrate
 from onceflow import Toolset, read
-from onceflow.agents import Agent, AgentConfig, AgentRegistry
-from onceflow.client import start_run
-from onceflow.constants import SEARCH_ATTRIBUTES
-from onceflow.payloads import AgentRunInput
-from onceflow.postgres import create_database, start_embedded_postgres
-from onceflow.worker import build_worker
+from onceflow.ledger import Ledger, migrate
+from onceflow.local.postgres import create_database, start_embedded_postgres
+from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
+from onceflow.runtime.client import start_run
+from onceflow.runtime.constants import SEARCH_ATTRIBUTES
+from onceflow.runtime.worker import build_worker
+from onceflow.sdk.payloads import AgentRunInput
 
 sized = Toolset("bench-history")
 

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import asyncpg
 
-from ledger import CallIdentity, Ledger, SideEffect, migrate
-from ledger.queries import COMPLETE_STARTED, RESERVE
-from onceflow.postgres import (
+from onceflow.ledger import CallIdentity, Ledger, SideEffect, migrate
+from onceflow.ledger.queries import COMPLETE_STARTED, RESERVE
+from onceflow.local.postgres import (
     configured_database_url,
     create_database,
     drop_database,

@@ -25,9 +25,9 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
-from onceflow.agents import build_registry  # noqa: E402
 from onceflow.mcp.runtime import mcp_toolsets  # noqa: E402
-from onceflow.tools import ToolContext  # noqa: E402
+from onceflow.runtime.agents import build_registry  # noqa: E402
+from onceflow.sdk.tools import ToolContext  # noqa: E402
 from tests.support.mcp_servers import HttpBillingServer  # noqa: E402
 
 
@@ -82,7 +82,7 @@ async def main(calls: int) -> None:
         directory = Path(tmp)
         stdio = {
             "command": sys.executable,
-            "args": ["-m", "examples.billing_mcp", "--db", str(directory / "s.db")],
+            "args": ["-m", "onceflow.examples.billing_mcp", "--db", str(directory / "s.db")],
         }
         results = {"stdio": await _measure(stdio, calls)}
         http = HttpBillingServer(directory, "bench-token")

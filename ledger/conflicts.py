@@ -13,12 +13,12 @@ from typing import Any
 
 import asyncpg
 
-from ledger import queries
-from ledger.base import LedgerBase, has_evidence, require_text, to_json
-from ledger.errors import ConflictNotOpenError, RecordNotFoundError
-from ledger.records import ToolExecutionRecord, to_record
-from ledger.status import EventSource, Status
 from onceflow import metrics
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase, has_evidence, require_text, to_json
+from onceflow.ledger.errors import ConflictNotOpenError, RecordNotFoundError
+from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.status import EventSource, Status
 
 # Settled states that say the call took effect. A "completed" report contradicts every other one.
 _TOOK_EFFECT = frozenset({Status.COMPLETED, Status.COMPENSATED})

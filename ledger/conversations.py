@@ -13,9 +13,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ledger import queries
-from ledger.base import LedgerBase
-from ledger.errors import LedgerError
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase
+from onceflow.ledger.errors import LedgerError
 
 
 class ConversationMissingError(LedgerError):

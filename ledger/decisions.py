@@ -12,19 +12,20 @@ from typing import Any
 
 import asyncpg
 
-from ledger import queries
-from ledger.base import has_evidence, require_text, to_json
-from ledger.conflicts import ConflictFlags, contradicts, same_report
-from ledger.errors import (
+from onceflow import metrics
+from onceflow.ledger import queries
+from onceflow.ledger.base import has_evidence, require_text, to_json
+from onceflow.ledger.conflicts import ConflictFlags, contradicts, same_report
+from onceflow.ledger.errors import (
     AlreadySettledError,
     EvidenceRequiredError,
     HeldCallError,
     InvalidTransitionError,
     RecordNotFoundError,
 )
-from ledger.records import ToolExecutionRecord, to_record
-from ledger.status import EventSource, FailureKind, Status
-from onceflow import metrics
+from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.resends import refuse_during_resend
+from onceflow.ledger.status import EventSource, FailureKind, Status
 
 
 def _same_settlement(
@@ -87,6 +88,9 @@ class OperatorDecisions(ConflictFlags):
         evidence and result: a step retried after its commit was lost) returns the record as it
         stands, without a second event.
 
+        While the reconciler's resend of the call is on the wire, anyone but the reconciler is
+        refused with `ResendInFlightError`, naming the resend and when its lease ends.
+
         A held call is refused with `HeldCallError` naming its blocker (nothing was sent). Settling a
         call that draws on a budget (it has an `amount`) as failed releases that amount, so a person
         must give `evidence` (`EvidenceRequiredError` otherwise); a reconcile hook's verdict is itself
@@ -108,6 +112,9 @@ class OperatorDecisions(ConflictFlags):
                 ):
                     return to_record(row)
                 raise self._refuse(row, f"settle as {status.value}")
+            if source is not EventSource.RECONCILER:
+                # The reconciler's resend may be on the wire: its answer settles the call.
+                await refuse_during_resend(conn, key, f"settle as {status.value}")
             if (
                 status is Status.FAILED
                 and row["amount"] is not None

@@ -129,3 +129,43 @@ class EvidenceRequiredError(ReasonRequiredError):
         self.key = key
         self.amount = amount
         self.entity = entity
+
+
+class ResendInFlightError(InvalidTransitionError):
+    """A decision about an unknown call while the reconciler's resend of it is on the wire.
+
+    The resend's answer may settle the call any moment; a decision now could contradict it. Decide
+    after `until` (the resend's timeout plus a margin, by the database's clock) and before
+    `quiet_until` (no other resend leaves before then), or not at all if the answer settles it.
+    """
+
+    def __init__(
+        self, key: str, wanted: str, *, resend: int, until: datetime, quiet_until: datetime, actor: str
+    ) -> None:
+        super().__init__(key, "indeterminate", wanted)
+        self.args = (
+            f"cannot {wanted}: resend {resend} of {key!r} (by {actor}) is on the wire until "
+            f"{until.isoformat()}; its answer may settle the call. Decide after that: no other "
+            f"resend leaves before {quiet_until.isoformat()}",
+        )
+        self.resend = resend
+        self.until = until
+        self.quiet_until = quiet_until
+        self.resend_actor = actor
+
+
+class CompensationNotRequestedError(LedgerError):
+    """A compensation run with no operator's request to serve: nobody asked through the operator
+    API, or the request it finds was served by another run (`served_by`). Nothing is sent."""
+
+    def __init__(self, key: str, *, served_by: str | None = None) -> None:
+        why = (
+            f"the latest request was already served by compensation run {served_by}"
+            if served_by
+            else "no operator asked for it through the operator API"
+        )
+        super().__init__(
+            f"refusing to compensate {key!r}: {why}; ask POST /v1/tool-executions/{{key}}/compensate"
+        )
+        self.key = key
+        self.served_by = served_by

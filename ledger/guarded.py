@@ -11,14 +11,14 @@ from typing import Any
 
 import asyncpg
 
-from ledger import queries
-from ledger.base import LedgerBase, to_json
-from ledger.canonical import CanonicalPayload
-from ledger.errors import LedgerUnavailableError, PayloadMismatchError, TenantMismatchError
-from ledger.guards import GUARD_ACTOR, Candidate, Guard, Verdict, decide, take_locks
-from ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
-from ledger.status import EventSource, FailureKind, SideEffect, Status
 from onceflow import metrics
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase, to_json
+from onceflow.ledger.canonical import CanonicalPayload
+from onceflow.ledger.errors import LedgerUnavailableError, PayloadMismatchError, TenantMismatchError
+from onceflow.ledger.guards import GUARD_ACTOR, Candidate, Guard, Verdict, decide, take_locks
+from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
+from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
 
 _ROUNDS = 3
 

@@ -34,10 +34,10 @@ from typing import Any, Literal
 import asyncpg
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from ledger import queries
-from ledger.errors import LedgerError
-from ledger.records import ToolExecutionRecord, to_record
-from ledger.status import FailureKind, Status
+from onceflow.ledger import queries
+from onceflow.ledger.errors import LedgerError
+from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.status import FailureKind, Status
 
 GUARD_ACTOR = "onceflow:guard"
 _CURRENCY = re.compile(r"[A-Z][A-Z0-9]{1,11}")

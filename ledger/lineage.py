@@ -6,11 +6,18 @@ A replacement names the call it replaces (`replaces`); a held call names the cal
 
 from __future__ import annotations
 
-from ledger import queries
-from ledger.base import LedgerBase
-from ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase
+from onceflow.ledger.records import ToolExecutionRecord, to_record
 
 MAX_HELD_SHOWN = 100
+
+# The held calls' runs as recorded, not cut out of their keys: a run is found by exact match.
+HELD_RUNS_BEHIND = """
+SELECT key, run_id FROM tool_executions
+ WHERE tenant = $1 AND status = 'held' AND held_by = $2
+ ORDER BY created_at, key
+"""
 
 
 class LineageReads(LedgerBase):
@@ -29,3 +36,10 @@ class LineageReads(LedgerBase):
         async with self.connection("held_behind", key=key) as conn:
             rows = await conn.fetch(queries.HELD_BEHIND, tenant, key, limit)
         return [row["key"] for row in rows]
+
+    async def held_runs_behind(self, key: str, *, tenant: str) -> list[tuple[str, str]]:
+        """(key, run id) of every call held until `key` settles, oldest first: the run ids as the
+        ledger recorded them, for waking those runs."""
+        async with self.connection("held_runs_behind", key=key) as conn:
+            rows = await conn.fetch(HELD_RUNS_BEHIND, tenant, key)
+        return [(row["key"], row["run_id"]) for row in rows]

@@ -40,6 +40,7 @@ SELECT * FROM reserved
 SELECT_RECORD = "SELECT * FROM tool_executions WHERE key = $1"
 
 SELECT_RECORD_FOR_UPDATE = "SELECT * FROM tool_executions WHERE key = $1 FOR UPDATE"
+STATUS_OF_KEY = "SELECT status FROM tool_executions WHERE key = $1"
 
 SELECT_EVENTS = "SELECT * FROM tool_execution_events WHERE key = $1 ORDER BY id"
 
@@ -248,6 +249,7 @@ RETURNING t.*, (xmax = 0) AS inserted
 # inside it), and what the reconciler already recorded about resends.
 SELECT_FOR_RESEND = """
 SELECT t.*, clock_timestamp() AS checked_at,
+       clock_timestamp() + $3::interval AS on_the_wire_until,
        t.created_at + $2::interval AS window_ends_at,
        t.created_at + $2::interval - $3::interval AS send_by,
        (SELECT count(*) FROM tool_execution_events e
@@ -256,6 +258,30 @@ SELECT t.*, clock_timestamp() AS checked_at,
                 WHERE e.key = t.key AND e.kind = 'resend_window_closed') AS window_closed_noted
   FROM tool_executions t
  WHERE t.key = $1
+"""
+
+# The latest resend under a key and its lease. The lease ends at `on_the_wire_until` (its timeout
+# plus margin, by the database's clock when it was recorded; resend events written before leases
+# carry `lead_seconds` instead), or earlier when its answer came back (`resend_inconclusive` with
+# `answered`). After the lease comes a quiet spell as long again, in which no resend leaves, so an
+# operator told to decide after the lease gets a turn.
+LATEST_RESEND = """
+SELECT resend, actor, lease_ends_at,
+       lease_ends_at + lead AS quiet_until,
+       lease_ends_at > clock_timestamp() AS on_the_wire,
+       lease_ends_at + lead > clock_timestamp() AS quiet
+  FROM (SELECT (e.detail->>'resend')::int AS resend, e.actor,
+               (e.detail->>'lead_seconds')::float8 * interval '1 second' AS lead,
+               least(coalesce((e.detail->>'on_the_wire_until')::timestamptz,
+                              e.at + (e.detail->>'lead_seconds')::float8 * interval '1 second'),
+                     coalesce((SELECT min(a.at) FROM tool_execution_events a
+                                WHERE a.key = e.key AND a.id > e.id AND a.kind = 'resend_inconclusive'
+                                  AND (a.detail->>'answered')::boolean),
+                              'infinity'::timestamptz)) AS lease_ends_at
+          FROM tool_execution_events e
+         WHERE e.key = $1 AND e.kind = 'resend'
+         ORDER BY e.id DESC
+         LIMIT 1) latest
 """
 
 # -- operator decisions ---------------------------------------------------------------------------
@@ -519,4 +545,22 @@ ORDER BY 1, 2, 3
 # When the call entered status $2: its last event that moved it there.
 ENTERED_STATUS_AT = """
 SELECT max(at) FROM tool_execution_events WHERE key = $1 AND to_status = $2
+"""
+
+# -- compensation requests -------------------------------------------------------------------------
+
+# The latest event of one kind under a key (compensation requests and their claims).
+LATEST_EVENT_OF_KIND = """
+SELECT * FROM tool_execution_events WHERE key = $1 AND kind = $2 ORDER BY id DESC LIMIT 1
+"""
+
+# The claim made on one compensation request, if any.
+CLAIM_OF_REQUEST = """
+SELECT * FROM tool_execution_events
+ WHERE key = $1 AND kind = 'compensation_claimed' AND (detail->>'request_event')::bigint = $2
+ ORDER BY id LIMIT 1
+"""
+
+EVENT_OF_KEY = """
+SELECT * FROM tool_execution_events WHERE key = $1 AND id = $2
 """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger import queries
-from ledger.base import LedgerBase
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase
 
 
 @dataclass(frozen=True)

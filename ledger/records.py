@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
-from ledger.status import EventSource, FailureKind, SideEffect, Status
+from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
 
 
 class ToolExecutionEvent(BaseModel):

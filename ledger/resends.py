@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import asyncpg
 from pydantic import BaseModel, ConfigDict
 
-from ledger import queries
-from ledger.base import LedgerBase, require_text
-from ledger.errors import RecordNotFoundError
-from ledger.records import ToolExecutionRecord, to_record
-from ledger.status import EventSource, Status
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase, require_text
+from onceflow.ledger.errors import RecordNotFoundError, ResendInFlightError
+from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.status import EventSource, Status
 
 RESEND = "resend"
 WINDOW_CLOSED = "resend_window_closed"
@@ -64,6 +65,12 @@ class Resends(LedgerBase):
         `created_at + window - lead`. An allowed resend appends a `resend` event; the first refusal
         because the window has closed appends `resend_window_closed` (once per key). A call that
         is not unknown any more is refused without an event: someone settled it.
+
+        An allowed resend is leased: until the database's clock passes its start plus `lead`
+        (`on_the_wire_until` in its detail), or its answer comes back (`resend_inconclusive` with
+        `answered`, or the call settled), no decision other than the reconciler's lands
+        (`ResendInFlightError`, see `refuse_during_resend`). No other resend leaves during the lease,
+        nor for as long again after it: the quiet spell in which a person told to wait may decide.
         """
         if window <= timedelta(0):
             raise ValueError("a dedup window must be positive")
@@ -88,11 +95,23 @@ class Resends(LedgerBase):
                 "lead_seconds": lead.total_seconds(),
                 "window_ends_at": row["window_ends_at"].isoformat(),
                 "send_by": row["send_by"].isoformat(),
+                # The resend's lease: until then no decision lands and no other resend leaves.
+                "on_the_wire_until": row["on_the_wire_until"].isoformat(),
             }
             if record.status is not Status.INDETERMINATE:
                 return ResendDecision(
                     allowed=False, reason=f"the call is {record.status}", resends=row["resends"], **facts
                 )
+            latest = await conn.fetchrow(queries.LATEST_RESEND, key)
+            if latest is not None and latest["quiet"]:
+                reason = (
+                    f"resend {latest['resend']} is still on the wire, until "
+                    f"{latest['lease_ends_at'].isoformat()}"
+                    if latest["on_the_wire"]
+                    else f"resend {latest['resend']} ended at {latest['lease_ends_at'].isoformat()}; "
+                    f"no resend before {latest['quiet_until'].isoformat()}, so a person may decide"
+                )
+                return ResendDecision(allowed=False, reason=reason, resends=row["resends"], **facts)
             if row["checked_at"] >= row["send_by"]:
                 reason = (
                     f"the receiver's dedup window for the key ends {row['window_ends_at'].isoformat()}; "
@@ -125,3 +144,17 @@ class Resends(LedgerBase):
             decision = ResendDecision(allowed=True, reason=reason, resends=resends, **facts)
             self.annotate(record, RESEND)
         return decision
+
+
+async def refuse_during_resend(conn: asyncpg.Connection, key: str, wanted: str) -> None:
+    """Raise `ResendInFlightError` if a resend of `key` is on the wire (call with the row locked)."""
+    row = await conn.fetchrow(queries.LATEST_RESEND, key)
+    if row is not None and row["on_the_wire"]:
+        raise ResendInFlightError(
+            key,
+            wanted,
+            resend=row["resend"],
+            until=row["lease_ends_at"],
+            quiet_until=row["quiet_until"],
+            actor=row["actor"],
+        )

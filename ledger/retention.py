@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 
-from ledger import queries
-from ledger.base import LedgerBase
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase
 
 # Temporal's own minimum namespace retention; the database refuses younger cutoffs as well.
 MINIMUM_AGE = timedelta(days=1)

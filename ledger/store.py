@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -10,34 +11,38 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ledger import queries
-from ledger.base import to_json
-from ledger.canonical import canonical_payload
-from ledger.conflicts import contradicts, same_report
-from ledger.decisions import OperatorDecisions
-from ledger.errors import (
+from onceflow import metrics
+from onceflow.ledger import queries
+from onceflow.ledger.base import to_json
+from onceflow.ledger.canonical import canonical_payload
+from onceflow.ledger.compensations import CompensationRequests
+from onceflow.ledger.conflicts import contradicts, same_report
+from onceflow.ledger.decisions import OperatorDecisions
+from onceflow.ledger.errors import (
     LedgerUnavailableError,
     OutcomeIgnoredError,
     PayloadMismatchError,
     RecordNotFoundError,
     TenantMismatchError,
 )
-from ledger.guarded import GuardedReservations
-from ledger.guards import Guard
-from ledger.lineage import LineageReads
-from ledger.records import (
+from onceflow.ledger.guarded import GuardedReservations
+from onceflow.ledger.guards import Guard
+from onceflow.ledger.lineage import LineageReads
+from onceflow.ledger.records import (
     Reservation,
     ReserveResult,
     ToolExecutionRecord,
     to_event,
     to_record,
 )
-from ledger.resends import Resends
-from ledger.status import UNRESOLVED, EventSource, FailureKind, SideEffect, Status
-from onceflow import metrics
-from onceflow.keys import call_key
+from onceflow.ledger.resends import Resends
+from onceflow.ledger.status import UNRESOLVED, EventSource, FailureKind, SideEffect, Status
+from onceflow.sdk.keys import call_key
 
 _RESERVE_ROUNDS = 3
+# How often a held reservation looks again at a blocker that settled meanwhile (each look that
+# finds it settled reserves again; the guards may then hold the call behind another one).
+_HELD_RECHECKS = 2
 # What an existing row means for a caller that did not get to reserve it.
 _EXISTING_OUTCOME = {
     Status.COMPLETED: Reservation.COMPLETED,
@@ -99,7 +104,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError(f"malformed cursor {cursor!r}") from exc
 
 
-class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends):
+class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends, CompensationRequests):
     """The tool-execution ledger. Create with `await Ledger.connect(dsn)`; close with `close()`.
 
     Here: the call path (reserve, the owner's outcome, indeterminate) and reading. Operators'
@@ -108,6 +113,11 @@ class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends):
     """
 
     # -- reserve -------------------------------------------------------------------------------
+
+    async def _is_settled(self, key: str) -> bool:
+        async with self.connection("is_settled", key=key) as conn:
+            status = await conn.fetchval(queries.STATUS_OF_KEY, key)
+        return status is not None and Status(status).is_settled
 
     async def reserve(
         self,
@@ -131,7 +141,8 @@ class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends):
         """
         payload = canonical_payload(tool_name, arguments)
         if guard is not None:
-            return await self.reserve_guarded(
+            guarded = functools.partial(
+                self.reserve_guarded,
                 key=call.key,
                 tenant=call.tenant,
                 run_id=call.run_id,
@@ -145,6 +156,16 @@ class Ledger(OperatorDecisions, GuardedReservations, LineageReads, Resends):
                 lease=lease,
                 guard=guard,
             )
+            result = await guarded()
+            # Held behind a call that settled while this reservation was deciding: the settler's
+            # wake-up looked for held calls before ours was committed and missed it. Now that ours
+            # is, look at the blocker once more (one of the two always sees the other).
+            for _ in range(_HELD_RECHECKS):
+                blocker = result.record.held_by if result.outcome is Reservation.HELD else None
+                if blocker is None or not await self._is_settled(blocker):
+                    break
+                result = await guarded()
+            return result
         initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
         async with self.connection("reserve", key=call.key, tool=tool_name) as conn:
             # A row seen as `failed` here was re-reserved and failed again between our two

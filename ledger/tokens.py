@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ledger import queries
-from ledger.base import LedgerBase, require_text
-from ledger.errors import LedgerError
+from onceflow.ledger import queries
+from onceflow.ledger.base import LedgerBase, require_text
+from onceflow.ledger.errors import LedgerError
 
 TOKEN_PREFIX = "oft_"
 

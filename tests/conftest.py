@@ -14,11 +14,11 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient
-from ledger import Ledger, migrate
-from onceflow.constants import SEARCH_ATTRIBUTES
-from onceflow.postgres import EmbeddedPostgres, configured_database_url, create_database, drop_database
-from onceflow.telemetry import tracing_interceptor
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import Ledger, migrate
+from onceflow.local.postgres import EmbeddedPostgres, configured_database_url, create_database, drop_database
+from onceflow.runtime.constants import SEARCH_ATTRIBUTES
+from onceflow.runtime.telemetry import tracing_interceptor
 from tests.support.operator_api import OperatorApi, serving_api
 from tests.support.processes import ChildProcesses, start_billing_service
 from tests.support.proxy import DroppingProxy

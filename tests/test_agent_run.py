@@ -12,12 +12,12 @@ import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import CallIdentity, Ledger, SideEffect, Status
-from onceflow.payloads import Phase, ResolveSignal
+from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status
+from onceflow.sdk.payloads import Phase, ResolveSignal
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 ORDER = json.dumps({"order_id": "o1"})
 

@@ -13,10 +13,11 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, Status
-from onceflow.agents import Agent, AgentRegistry
-from onceflow.constants import ERR_LEDGER_UNAVAILABLE
-from onceflow.payloads import ModelCallInput, ModelTurn, ToolOutcome
+from onceflow.ledger import Ledger, Status
+from onceflow.runtime.agents import Agent, AgentRegistry
+from onceflow.runtime.constants import ERR_LEDGER_UNAVAILABLE
+from onceflow.sdk.payloads import ModelCallInput, ModelTurn, ToolOutcome
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.agents import credit_agent, flaky_model_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import (
@@ -28,7 +29,6 @@ from tests.support.history import (
 )
 from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 ORDER = json.dumps({"order_id": "o1"})
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from examples.billing.client import (
+from onceflow.examples.billing.client import (
     BillingBadRequest,
     BillingClient,
     BillingConflict,
@@ -21,10 +21,10 @@ from examples.billing.client import (
     BillingRejected,
     BillingUnavailable,
 )
-from examples.billing.models import FaultMode
-from examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, POLICY_PROBLEM_PREFIX
-from examples.billing.service import create_app
-from examples.billing.serving import BackgroundServer
+from onceflow.examples.billing.models import FaultMode
+from onceflow.examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, POLICY_PROBLEM_PREFIX
+from onceflow.examples.billing.service import create_app
+from onceflow.examples.billing.serving import BackgroundServer
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ledger import canonical_payload
+from onceflow.ledger import canonical_payload
 
 
 def test_key_order_and_whitespace_do_not_change_the_hash() -> None:

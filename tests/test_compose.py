@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from onceflow.client import search_attribute_flags
-from onceflow.config import ALL_ENVIRONMENT, API_ENVIRONMENT, ENVIRONMENT, WORKER_ENVIRONMENT
-from onceflow.constants import SEARCH_ATTRIBUTES
+from onceflow.runtime.client import search_attribute_flags
+from onceflow.runtime.config import ALL_ENVIRONMENT, API_ENVIRONMENT, ENVIRONMENT, WORKER_ENVIRONMENT
+from onceflow.runtime.constants import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -280,7 +280,7 @@ def script_problem(script: str) -> str | None:
 
 
 def console_script_problem(executable: str, target: str, arguments: list[str]) -> str | None:
-    """For `onceflow X Y`: X (and Y, while they are groups) must be commands of onceflow.cli.app."""
+    """For `onceflow X Y`: X (and Y, while they are groups) must be commands of onceflow.cli.commands.app."""
     module_name = target.partition(":")[0]
     if _find_spec(module_name) is None:
         return f"`{executable}` needs {module_name}, which does not exist"
@@ -334,7 +334,7 @@ def test_every_repo_built_service_runs_a_command_the_project_has() -> None:
 
 def test_the_worker_runs_worker_py_and_billing_runs_the_example_service() -> None:
     assert service_command(services()["worker"])[:2] == ["python", "worker.py"]
-    assert service_command(services()["billing"])[:3] == ["python", "-m", "examples.billing.service"]
+    assert service_command(services()["billing"])[:3] == ["python", "-m", "onceflow.examples.billing.service"]
 
 
 def test_the_image_runs_the_worker_by_default() -> None:
@@ -348,11 +348,11 @@ def test_the_image_runs_the_worker_by_default() -> None:
         [],
         ["python", "no_such_script.py"],
         ["python", "tests/test_compose.py"],  # exists, but the image does not have it
-        ["python", "-m", "examples.billing.no_such_module"],
-        ["python", "-m", "examples.billing.models"],  # exists, but runs nothing
+        ["python", "-m", "onceflow.examples.billing.no_such_module"],
+        ["python", "-m", "onceflow.examples.billing.models"],  # exists, but runs nothing
         ["python", "-m", "json.tool"],  # not part of this project
         ["onceflow", "no-such-subcommand"],
-        ["uvicorn", "examples.billing.service:create_app"],
+        ["uvicorn", "onceflow.examples.billing.service:create_app"],
     ],
 )
 def test_the_command_check_rejects_what_the_image_cannot_run(command: list[str]) -> None:
@@ -360,13 +360,13 @@ def test_the_command_check_rejects_what_the_image_cannot_run(command: list[str])
 
 
 def test_the_command_check_accepts_registered_onceflow_subcommands() -> None:
-    from onceflow import cli
+    from onceflow.cli import commands as cli
 
     group = _click_command(cli.app)
-    assert _is_group(group), "onceflow.cli.app has no subcommands"
+    assert _is_group(group), "onceflow.cli.commands.app has no subcommands"
     context = group.context_class(group, info_name="onceflow")
     names = group.list_commands(context)
-    assert names, "onceflow.cli.app has no commands"
+    assert names, "onceflow.cli.commands.app has no commands"
     leaf = next(name for name in names if not _is_group(group.get_command(context, name)))
     assert command_problem(["onceflow", leaf, "--help"]) is None
 
@@ -484,7 +484,7 @@ def test_dockerfile_copy_sources_exist_in_the_build_context() -> None:
 def test_the_dockerignore_check_sees_excluded_paths() -> None:
     assert dockerignored(".venv/bin/python")
     assert dockerignored("onceflow/__pycache__/cli.cpython-311.pyc")
-    assert not dockerignored("onceflow/cli.py")
+    assert not dockerignored("onceflow/cli/commands.py")
 
 
 def test_the_image_runs_as_a_non_root_user() -> None:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, async_playwright, expect
 
-from ledger import FailureKind, Status
-from onceflow.payloads import Phase
+from onceflow.ledger import FailureKind, Status
+from onceflow.sdk.payloads import Phase
 from tests.support.browser import CHROMIUM, DESKTOP, PHONE, every_control_is_labelled, shoot, signed_in
 from tests.support.downstream import DOWNSTREAM
 from tests.support.guarded import unknown_refund_and_a_held_repeat

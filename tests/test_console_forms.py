@@ -6,7 +6,7 @@ import re
 
 import httpx
 
-from ledger import OperatorTokens, Status
+from onceflow.ledger import OperatorTokens, Status
 from tests.support.operator_api import OperatorApi
 from tests.test_operator_api import unknown_call
 

@@ -13,11 +13,11 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, Status
-from ledger.conversations import ConversationMissingError, Conversations
 from onceflow import ToolContext, Toolset, external, read
-from onceflow.agents import Agent, AgentConfig, AgentRegistry
-from onceflow.payloads import ModelCallInput
+from onceflow.ledger import Ledger, Status
+from onceflow.ledger.conversations import ConversationMissingError, Conversations
+from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
+from onceflow.sdk.payloads import ModelCallInput
 from tests.workflow_harness import running_worker
 
 sized = Toolset("sized")

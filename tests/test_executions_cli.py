@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ledger import CallIdentity, Ledger, SideEffect, Status
-from onceflow.payloads import Phase
+from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status
+from onceflow.sdk.payloads import Phase
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.downstream import DOWNSTREAM
 from tests.support.operator_api import OperatorApi
-from workflows.agent_run import AgentRunWorkflow
 
-# The subcommand group on its own, so these tests need nothing from onceflow/cli.py.
-ENTRY = "from onceflow.executions_cli import executions_app; executions_app(prog_name='onceflow executions')"
+# The subcommand group on its own, so these tests need nothing from onceflow/cli/commands.py.
+ENTRY = "from onceflow.cli.executions import executions_app; executions_app(prog_name='onceflow executions')"
 ARGUMENTS = {"account_id": "acct_cli", "amount_cents": 700}
 
 

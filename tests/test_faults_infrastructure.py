@@ -37,18 +37,18 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient
-from ledger import FailureKind, Ledger, Status, ToolExecutionRecord, migrate
-from onceflow.client import start_run
-from onceflow.constants import ERR_LEDGER_UNAVAILABLE, ERR_OUTCOME_NOT_RECORDED
-from onceflow.payloads import AgentRunInput, AgentRunResult, Phase
-from onceflow.postgres import create_database
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import FailureKind, Ledger, Status, ToolExecutionRecord, migrate
+from onceflow.local.postgres import create_database
+from onceflow.runtime.client import start_run
+from onceflow.runtime.constants import ERR_LEDGER_UNAVAILABLE, ERR_OUTCOME_NOT_RECORDED
+from onceflow.sdk.payloads import AgentRunInput, AgentRunResult, Phase
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.billing_tools import PROCESS_AGENTS_YAML
 from tests.support.history import activity_runs, history_events
 from tests.support.processes import ChildProcesses, kill_together
 from tests.support.proxy import DroppingProxy
 from tests.support.servers import OwnPostgres, OwnTemporal
-from workflows.agent_run import AgentRunWorkflow
 
 RunHandle = WorkflowHandle[AgentRunWorkflow, AgentRunResult]
 

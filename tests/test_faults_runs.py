@@ -32,17 +32,17 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient
-from ledger import AlreadySettledError, FailureKind, Ledger, Status, ToolExecutionRecord
-from onceflow.agents import AgentRegistry, build_registry
 from onceflow.drill.sends import Reruns, Sends, judge_sends, reruns_by_key
-from onceflow.payloads import AgentRunResult, Phase, ResolveSignal, SettleInput, SettleResult, ToolOutcome
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import AlreadySettledError, FailureKind, Ledger, Status, ToolExecutionRecord
+from onceflow.runtime.agents import AgentRegistry, build_registry
+from onceflow.sdk.payloads import AgentRunResult, Phase, ResolveSignal, SettleInput, SettleResult, ToolOutcome
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.fault_tools import AFTER_ANSWER, BEFORE_SEND, ZOMBIES
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.proxy import DroppingProxy
 from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 RunHandle = WorkflowHandle[AgentRunWorkflow, AgentRunResult]
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from onceflow import Guards, ToolContext, Toolset, external, read
-from onceflow.agents import AgentConfigError, build_registry
+from onceflow.runtime.agents import AgentConfigError, build_registry
 
 BUDGET = Guards(entity="order_id", amount="amount_cents", limit_from="refundable_balance")
 

@@ -14,16 +14,16 @@ import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import FailureKind, Ledger, Status
-from onceflow.agents import AgentRegistry
-from onceflow.payloads import Phase
+from onceflow.ledger import FailureKind, Ledger, Status
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.sdk.payloads import Phase
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.agents import refund_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.operator_api import OperatorApi, serving_api
 from tests.support.waiting import eventually
 from tests.test_executions_cli import cli, put_call
-from workflows.agent_run import AgentRunWorkflow
 
 ORDER = json.dumps({"order_id": "o1"})
 

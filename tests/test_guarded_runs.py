@@ -17,13 +17,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from activities.held import WAKE_ACTOR
-from ledger import FailureKind, Ledger, Status
-from onceflow.agents import Agent, AgentRegistry
-from onceflow.constants import HELD_KEYS, UNRESOLVED_KEYS
+from onceflow.activities.held import WAKE_ACTOR
+from onceflow.ledger import FailureKind, Ledger, Status
 from onceflow.models import ScriptedModel
 from onceflow.models.config import ScriptedConfig
-from onceflow.payloads import (
+from onceflow.runtime.agents import Agent, AgentRegistry
+from onceflow.runtime.constants import HELD_KEYS, UNRESOLVED_KEYS
+from onceflow.sdk.payloads import (
     AgentRunResult,
     ModelCallInput,
     ModelTurn,
@@ -32,6 +32,7 @@ from onceflow.payloads import (
     ToolCallInput,
     ToolOutcome,
 )
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.agents import credit_agent, refund_agent, twins_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
@@ -39,7 +40,6 @@ from tests.support.operator_api import serving_api
 from tests.support.waiting import eventually
 from tests.test_replay import replayer
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 ORDER = json.dumps({"order_id": "o1"})
 CREDIT_TOOLS = {

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from onceflow import Guards, InvalidToolArgumentsError, ToolContext, Toolset, external, read
-from onceflow.testing import tool_contract_problems
+from onceflow.sdk.testing import tool_contract_problems
 
 tools = Toolset("guarded")
 
@@ -120,7 +120,7 @@ def test_a_currency_needs_an_amount_and_an_argument() -> None:
 
 
 def test_a_limit_source_is_called_with_the_currency_too() -> None:
-    from onceflow.guard_sources import limit_source_problem
+    from onceflow.sdk.guard_sources import limit_source_problem
 
     fx = Toolset("fx")
 

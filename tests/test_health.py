@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger
-from onceflow.agents import load_agents
-from onceflow.config import Settings
-from onceflow.health import Heartbeat, api_probe, heartbeat_problem, probe, write_heartbeat
-from onceflow.postgres import create_database, drop_database
-from onceflow.worker import build_worker, run_worker
+from onceflow.ledger import Ledger
+from onceflow.local.postgres import create_database, drop_database
+from onceflow.runtime.agents import load_agents
+from onceflow.runtime.config import Settings
+from onceflow.runtime.health import Heartbeat, api_probe, heartbeat_problem, probe, write_heartbeat
+from onceflow.runtime.worker import build_worker, run_worker
 from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,14 +9,14 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from ledger import Ledger, Status
-from onceflow.agents import Agent, AgentRegistry
-from onceflow.keys import call_key, mint_tool_call_ids
+from onceflow.ledger import Ledger, Status
+from onceflow.runtime.agents import Agent, AgentRegistry
+from onceflow.sdk.keys import call_key, mint_tool_call_ids
+from onceflow.workflows import ALL_WORKFLOWS
 from tests.support.agents import credit_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.models import CarelessIdModel
 from tests.workflow_harness import running_worker
-from workflows import ALL_WORKFLOWS
 
 
 def test_provider_ids_are_kept_when_well_formed_and_unused() -> None:

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     CallIdentity,
     ConflictNotOpenError,
     EventSource,

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     CallIdentity,
     FailureKind,
     Guard,

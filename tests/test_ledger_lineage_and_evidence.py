@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     EventSource,
     EvidenceRequiredError,
     FailureKind,

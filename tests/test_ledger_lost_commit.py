@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     AlreadySettledError,
     CallIdentity,
     FailureKind,

@@ -14,9 +14,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from ledger import UNRESOLVED, FailureKind, SideEffect, Status, migrate
-from ledger.migrate import MIGRATIONS_DIR, discover
-from onceflow.postgres import create_database, drop_database
+from onceflow.ledger import UNRESOLVED, FailureKind, SideEffect, Status, migrate
+from onceflow.ledger.migrate import MIGRATIONS_DIR, discover
+from onceflow.local.postgres import create_database, drop_database
 
 LATEST = len(discover())
 

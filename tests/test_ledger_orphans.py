@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     AlreadySettledError,
     CallIdentity,
     EventSource,

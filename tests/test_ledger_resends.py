@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     CallIdentity,
+    EventSource,
     FailureKind,
     Guard,
     Ledger,
     RecordNotFoundError,
+    ResendInFlightError,
     Reservation,
     SideEffect,
     Status,
+    ToolExecutionRecord,
 )
 
 ARGUMENTS = {"account_id": "acct_1", "amount_cents": 90_000}
@@ -119,21 +122,114 @@ async def test_a_settlement_names_no_other_failure_kind(ledger: Ledger) -> None:
 
 async def test_resend_inside_the_window_is_allowed_and_recorded(ledger: Ledger) -> None:
     key = await unknown_call(ledger)
-    first = await ledger.begin_resend(key, window=DAY, lead=LEAD)
-    second = await ledger.begin_resend(key, window=DAY, lead=LEAD)
+    lead = timedelta(seconds=0.3)
+    first = await ledger.begin_resend(key, window=DAY, lead=lead)
+    await answered(ledger, key, first.resends)
+    quiet = await ledger.begin_resend(key, window=DAY, lead=lead)  # a person's turn, for a lead
+    await asyncio.sleep(lead.total_seconds() + 0.1)
+    second = await ledger.begin_resend(key, window=DAY, lead=lead)
 
     assert first.allowed and second.allowed
+    assert not quiet.allowed and "a person may decide" in quiet.reason
     assert (first.resends, second.resends) == (1, 2)
     record = await ledger.get(key)
     assert first.window_ends_at == record.created_at + DAY
-    assert first.send_by == record.created_at + DAY - LEAD
+    assert first.send_by == record.created_at + DAY - lead
     assert record.created_at < first.checked_at < first.send_by
     resends = [e for e in record.events if e.kind == "resend"]
     assert [e.detail["resend"] for e in resends] == [1, 2]
     assert all(e.source == "reconciler" and e.actor == "reconciler" for e in resends)
     assert resends[0].detail["dedup_window_seconds"] == DAY.total_seconds()
-    assert resends[0].detail["lead_seconds"] == LEAD.total_seconds()
+    assert resends[0].detail["lead_seconds"] == lead.total_seconds()
+    until = datetime.fromisoformat(resends[0].detail["on_the_wire_until"])
+    assert until - first.checked_at == lead  # both read from the database's clock, in one statement
     assert record.status is Status.INDETERMINATE  # asking to resend settles nothing
+
+
+async def answered(ledger: Ledger, key: str, resend: int) -> None:
+    """What the reconciler appends when the receiver answered a resend without settling anything."""
+    await ledger.append_event(
+        key,
+        actor="reconciler",
+        kind="resend_inconclusive",
+        source=EventSource.RECONCILER,
+        reason="the resend told nothing: request in progress",
+        detail={"resend": resend, "answer_kind": "rejected", "answered": True},
+    )
+
+
+# -- a resend on the wire is leased ---------------------------------------------------------------
+
+
+async def test_no_operator_decision_lands_while_a_resend_is_on_the_wire(ledger: Ledger) -> None:
+    key = await unknown_call(ledger)
+    resend = await ledger.begin_resend(key, window=DAY, lead=LEAD)
+    assert resend.allowed
+    for source in (EventSource.API, EventSource.SIGNAL):
+        with pytest.raises(ResendInFlightError) as refused:
+            await ledger.settle(
+                key,
+                status=Status.FAILED,
+                actor="operator:ann" if source is EventSource.API else "signal:ann",
+                reason="not in billing",
+                evidence={"checked": "billing console"},
+                source=source,
+            )
+        assert (refused.value.resend, refused.value.resend_actor) == (1, "reconciler")
+        assert refused.value.until == resend.checked_at + LEAD
+        assert refused.value.quiet_until == resend.checked_at + 2 * LEAD
+        assert "on the wire until" in str(refused.value)
+    record = await ledger.get(key)
+    assert record.status is Status.INDETERMINATE
+    assert [e.kind for e in record.events] == ["reserved", "indeterminate", "resend"]
+    # Nor does a second resend leave while the first may still arrive.
+    again = await ledger.begin_resend(key, window=DAY, lead=LEAD)
+    assert not again.allowed and "still on the wire" in again.reason
+    # The reconciler settles by the resend's own answer.
+    settled = await ledger.settle(
+        key,
+        status=Status.COMPLETED,
+        actor="reconciler",
+        reason="the receiver answered the resend",
+        result={"credit_id": "cr_1"},
+        source=EventSource.RECONCILER,
+    )
+    assert settled.status is Status.COMPLETED
+
+
+async def test_a_decision_lands_once_the_resend_is_answered_or_its_lease_runs_out(ledger: Ledger) -> None:
+    answered_key, lapsed_key = await unknown_call(ledger), await unknown_call(ledger)
+    first = await ledger.begin_resend(answered_key, window=DAY, lead=LEAD)
+    await answered(ledger, answered_key, first.resends)
+    lease = timedelta(seconds=0.5)
+    await ledger.begin_resend(lapsed_key, window=DAY, lead=lease)
+    await ledger.append_event(  # a timeout: the request may still be on the wire, so no `answered`
+        lapsed_key,
+        actor="reconciler",
+        kind="resend_inconclusive",
+        source=EventSource.RECONCILER,
+        reason="the resend told nothing: no answer within 1s",
+        detail={"resend": 1, "answer_kind": "indeterminate", "answered": False},
+    )
+    with pytest.raises(ResendInFlightError):
+        await settle_failed(ledger, lapsed_key)
+    await asyncio.sleep(lease.total_seconds() + 0.1)
+    # The lease is over; for as long again no resend leaves, so the person told to wait gets a turn.
+    assert not (await ledger.begin_resend(lapsed_key, window=DAY, lead=lease)).allowed
+    for key in (answered_key, lapsed_key):
+        record = await settle_failed(ledger, key)
+        assert (record.status, record.settled_by) == (Status.FAILED, "operator:ann")
+
+
+async def settle_failed(ledger: Ledger, key: str) -> ToolExecutionRecord:
+    return await ledger.settle(
+        key,
+        status=Status.FAILED,
+        actor="operator:ann",
+        reason="not in billing",
+        evidence={"checked": "billing console"},
+        source=EventSource.API,
+    )
 
 
 async def test_resend_after_the_window_is_refused_and_noted_once(ledger: Ledger) -> None:
@@ -170,10 +266,11 @@ async def test_a_started_call_is_not_re_sent(ledger: Ledger) -> None:
     assert not (await ledger.begin_resend(call.key, window=DAY, lead=LEAD)).allowed
 
 
-async def test_concurrent_resend_checks_count_each_resend_once(ledger: Ledger) -> None:
+async def test_of_concurrent_resend_checks_one_is_allowed(ledger: Ledger) -> None:
     key = await unknown_call(ledger)
     decisions = await asyncio.gather(*(ledger.begin_resend(key, window=DAY, lead=LEAD) for _ in range(20)))
-    assert sorted(d.resends for d in decisions) == list(range(1, 21))
+    assert [d.resends for d in decisions if d.allowed] == [1]
+    assert [e.kind for e in (await ledger.get(key)).events].count("resend") == 1
 
 
 async def test_bad_resend_requests_are_refused_and_change_nothing(ledger: Ledger) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     CallIdentity,
     FailureKind,
     Ledger,

@@ -11,9 +11,9 @@ import asyncpg
 import pytest
 from typer.testing import CliRunner, Result
 
-from ledger import CallIdentity, Ledger, SideEffect, Status, purge_settled, queries
-from ledger.retention import parse_age
-from onceflow.cli import app
+from onceflow.cli.commands import app
+from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status, purge_settled, queries
+from onceflow.ledger.retention import parse_age
 
 ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500}
 OLD = timedelta(days=100)

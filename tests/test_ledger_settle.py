@@ -10,7 +10,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from ledger import (
+from onceflow.ledger import (
     AlreadySettledError,
     CallIdentity,
     FailureKind,

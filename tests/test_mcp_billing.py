@@ -18,12 +18,13 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.store import BillingStore
-from ledger import CallIdentity, FailureKind, Ledger, SideEffect, Status
-from onceflow.agents import AgentRegistry, build_registry
+from onceflow.examples.billing.store import BillingStore
+from onceflow.ledger import CallIdentity, FailureKind, Ledger, SideEffect, Status
 from onceflow.mcp.runtime import McpToolsets, mcp_toolsets
 from onceflow.mcp.tools import McpTool
-from onceflow.payloads import ResolveSignal, ToolOutcome
+from onceflow.runtime.agents import AgentRegistry, build_registry
+from onceflow.sdk.payloads import ResolveSignal, ToolOutcome
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.mcp_servers import (
     CREDIT_SCRIPT,
@@ -36,7 +37,6 @@ from tests.support.mcp_servers import (
     wait_until,
 )
 from tests.workflow_harness import running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ async def test_worker_lists_the_servers_tools_and_classifies_them_by_annotations
     registry, _ = mcp_registry
     tools = registry.agent("credit").tools
     # find_credit is the reconcile lookup: the reconciler calls it, the model is not offered it.
-    assert sorted(tools) == ["issue_credit", "lookup_order", "send_statement"]
+    assert sorted(tools) == ["credit_allowance", "issue_credit", "lookup_order", "send_statement"]
     assert all(isinstance(tool, McpTool) for tool in tools.values())
     assert tools["lookup_order"].side_effect is SideEffect.READ
     assert tools["lookup_order"].effect.max_attempts == 3

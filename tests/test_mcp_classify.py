@@ -10,14 +10,14 @@ import pytest
 from mcp.types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
 from mcp.types import Tool as McpListedTool
 
-from ledger import SideEffect
-from onceflow.agents import AgentConfigError, build_registry, load_agents
+from onceflow.ledger import SideEffect
 from onceflow.mcp import Hints, McpConfigError, McpServerConfig, classify
-from onceflow.mcp.config import expand_variables
 from onceflow.mcp.meta import REFUSED_META_KEY
 from onceflow.mcp.runtime import plan_server
 from onceflow.mcp.tools import is_policy_refusal, lookup_outcome
-from onceflow.tools import OutcomeStatus
+from onceflow.runtime.agents import AgentConfigError, build_registry, load_agents
+from onceflow.sdk.tools import OutcomeStatus
+from onceflow.sdk.variables import expand_variables
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_a_malformed_server_declaration_is_refused_naming_the_server(
 
 def test_a_name_used_for_a_python_toolset_and_an_mcp_server_is_refused() -> None:
     data = {
-        "toolsets": {"billing": "examples.billing.tools:billing"},
+        "toolsets": {"billing": "onceflow.examples.billing.tools:billing"},
         "mcp_servers": {"billing": {"command": "x"}},
         "agents": {"a": {"model": {"provider": "scripted", "script": [{"final": "x"}]}}},
     }

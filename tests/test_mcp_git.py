@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, SideEffect, Status
-from onceflow.agents import build_registry
+from onceflow.ledger import Ledger, SideEffect, Status
 from onceflow.mcp.runtime import mcp_toolsets
+from onceflow.runtime.agents import build_registry
 from tests.support.mcp_servers import agent
 from tests.workflow_harness import running_worker
 

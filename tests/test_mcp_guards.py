@@ -13,12 +13,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ledger import Guard, SideEffect
-from onceflow.agents import AgentConfigError, build_registry
-from onceflow.cli import app
+from onceflow.cli.commands import app
+from onceflow.ledger import Guard, SideEffect
 from onceflow.mcp.guards import tool_guard_problems
 from onceflow.mcp.runtime import McpStartupError, mcp_toolsets
-from onceflow.tools import Guards
+from onceflow.runtime.agents import AgentConfigError, build_registry
+from onceflow.sdk.tools import Guards
 from tests.support.mcp_servers import CREDIT_SCRIPT, agent, stdio_server
 
 CREDIT_GUARDS = {

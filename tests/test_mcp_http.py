@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing_mcp import requests_received
-from ledger import FailureKind, Ledger, Status
-from onceflow.agents import AgentRegistry, build_registry
+from onceflow.examples.billing_mcp import requests_received
+from onceflow.ledger import FailureKind, Ledger, Status
 from onceflow.mcp.runtime import McpStartupError, mcp_toolsets
+from onceflow.runtime.agents import AgentRegistry, build_registry
 from tests.support.mcp_servers import CREDIT_SCRIPT, HttpBillingServer, agent
 from tests.workflow_harness import running_worker
 

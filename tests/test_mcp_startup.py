@@ -17,14 +17,14 @@ import yaml
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
-from ledger import Ledger, Status
-from onceflow.agents import AgentConfigError, build_registry
-from onceflow.cli import app
-from onceflow.client import start_run
-from onceflow.config import Settings
+from onceflow.cli.commands import app
+from onceflow.ledger import Ledger, Status
 from onceflow.mcp.runtime import McpStartupError, mcp_toolsets
-from onceflow.payloads import AgentRunInput
-from onceflow.worker import run_worker
+from onceflow.runtime.agents import AgentConfigError, build_registry
+from onceflow.runtime.client import start_run
+from onceflow.runtime.config import Settings
+from onceflow.runtime.worker import run_worker
+from onceflow.sdk.payloads import AgentRunInput
 from tests.support.mcp_servers import CREDIT_SCRIPT, agent, received, stdio_server, wait_until
 
 
@@ -111,6 +111,7 @@ def test_inspect_prints_each_tool_with_its_class_and_why(tmp_path: Path) -> None
     tools = {tool["name"]: tool for tool in report["tools"]}
     assert {name: (t["class"], t["attempts"], t["offered"]) for name, t in tools.items()} == {
         "lookup_order": ("read", 3, True),
+        "credit_allowance": ("read", 3, True),
         "issue_credit": ("external", 1, True),
         "find_credit": ("read", 3, False),
         "send_statement": ("write", 1, True),

@@ -20,13 +20,13 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from examples.billing.client import BillingClient
-from ledger import EventSource, Ledger, OperatorTokens, Status
-from onceflow.client import connect
-from onceflow.config import Settings
-from onceflow.demo import CREDIT_CALL, SCENARIOS, TENANT, Demo, run_scenario
-from onceflow.dev import DevStack, StackConfig
-from onceflow.payloads import Phase
+from onceflow.cli.demo import CREDIT_CALL, SCENARIOS, TENANT, Demo, run_scenario
+from onceflow.cli.dev import DevStack, StackConfig
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import EventSource, Ledger, OperatorTokens, Status
+from onceflow.runtime.client import connect
+from onceflow.runtime.config import Settings
+from onceflow.sdk.payloads import Phase
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy/grafana/dashboards/onceflow.json"

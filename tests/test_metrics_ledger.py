@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ledger import (
+from onceflow.ledger import (
     CallIdentity,
     EventSource,
     Guard,
@@ -19,8 +19,8 @@ from ledger import (
     SideEffect,
     Status,
 )
-from ledger.queue import queue_figures
-from onceflow import metrics
+from onceflow.ledger.queue import queue_figures
+from onceflow.runtime.metrics_export import configure_metrics
 
 ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500}
 
@@ -28,7 +28,7 @@ ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500}
 @pytest.fixture(scope="module")
 def registry() -> CollectorRegistry:
     """This process's registry (the first configuration wins; an in-process API makes the same)."""
-    found = metrics.configure_metrics("onceflow-tests", serve_prometheus=False)
+    found = configure_metrics("onceflow-tests", serve_prometheus=False)
     assert found is not None
     return found
 

@@ -17,8 +17,8 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from temporalio.testing import WorkflowEnvironment
 
-from onceflow.client import start_run
-from onceflow.payloads import AgentRunInput
+from onceflow.runtime.client import start_run
+from onceflow.sdk.payloads import AgentRunInput
 from tests.support.billing_tools import PROCESS_AGENTS_YAML
 from tests.support.processes import ChildProcesses
 

@@ -15,10 +15,10 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger
-from onceflow.agents import AgentConfigError, check_models, load_agents
-from onceflow.config import Settings
-from onceflow.worker import run_worker
+from onceflow.ledger import Ledger
+from onceflow.runtime.agents import AgentConfigError, check_models, load_agents
+from onceflow.runtime.config import Settings
+from onceflow.runtime.worker import run_worker
 from tests.workflow_harness import running_worker
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,8 +116,9 @@ async def test_a_header_naming_a_missing_variable_stops_the_worker_when_enabled(
     path = agents_file(tmp_path, model)
     with pytest.raises(SystemExit) as stopped:
         await run_worker(settings(path, enabled=("clerk",)))
-    assert "model.extra_headers.X-Gateway-Token: ${ONCEFLOW_TEST_GATEWAY} is not set" in str(
-        stopped.value.code
+    assert (
+        "model.extra_headers.X-Gateway-Token uses ${ONCEFLOW_TEST_GATEWAY}, which is not set in the environment"
+        in str(stopped.value.code)
     )
 
 

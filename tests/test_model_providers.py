@@ -24,14 +24,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, Status
-from onceflow.agents import Agent, AgentConfig, AgentRegistry
-from onceflow.keys import call_key
-from onceflow.payloads import AgentRunResult, TokenUsage
+from onceflow.ledger import Ledger, Status
+from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
+from onceflow.sdk.keys import call_key
+from onceflow.sdk.payloads import AgentRunResult, TokenUsage
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.downstream import DOWNSTREAM, issue_credit, lookup_order
 from tests.support.model_server import Answer, Call, Fault, Hang, ModelServer, Provider, serving
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 KEY_ENV = "ONCEFLOW_TEST_MODEL_KEY"
 KEY = "sk-test-0123456789abcdefSECRET"
@@ -343,6 +343,34 @@ async def test_an_unknown_tool_and_bad_arguments_reach_the_model_as_errors_it_co
         assert all(flagged for _, _, flagged in tool_results(server, 1))
     assert DOWNSTREAM.send_attempts == 1
     assert await harness.ledger.get(call_key(run_id, result.calls[-1].tool_call_id)) is not None
+
+
+async def test_numbers_json_cannot_carry_go_back_to_the_model_as_invalid_arguments_and_the_run_goes_on(
+    harness: Harness, server: ModelServer
+) -> None:
+    """A huge integer could not be canonicalised for the ledger (the run failed); NaN, Infinity
+    and 1e999 were quietly turned into null on the way to the tool."""
+    bad = [Call("issue_credit", {"account_id": "acct_o1", "amount_cents": 10**30})]
+    if server.provider == "openai":
+        bad += [
+            Call("issue_credit", raw='{"account_id": "acct_o1", "amount_cents": NaN}'),
+            Call("issue_credit", raw='{"account_id": "acct_o1", "amount_cents": 1e999}'),
+            Call("lookup_order", raw='{"order_id": "o1", "n": Infinity}'),
+        ]
+    server.answer(Answer(calls=tuple(bad)), Answer(calls=(CREDIT,)), Answer(text="Credited after all."))
+    run_id, result = await run(harness)
+
+    assert result.final == "Credited after all."
+    refused = result.calls[: len(bad)]
+    assert [c.status for c in refused] == ["error"] * len(bad)
+    errors = [r["error"] for _, r, _ in tool_results(server, 1)]
+    assert "invalid arguments for tool 'issue_credit'" in errors[0]
+    assert "beyond" in errors[0] and str(10**30) in errors[0]
+    for error in errors[1:]:
+        assert "finite numbers" in error, error
+    for call in refused:
+        assert await harness.ledger.find(call_key(run_id, call.tool_call_id)) is None
+    assert DOWNSTREAM.send_attempts == 1
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient
-from ledger import Ledger, Status
-from onceflow.client import start_run
-from onceflow.keys import call_key
-from onceflow.payloads import AgentRunInput
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import Ledger, Status
+from onceflow.runtime.client import start_run
+from onceflow.sdk.keys import call_key
+from onceflow.sdk.payloads import AgentRunInput
 from tests.support.model_server import Answer, Call, Hang, ModelServer, Provider, serving
 from tests.support.processes import ChildProcesses
 from tests.support.proxy import DroppingProxy

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ledger import CallIdentity, Ledger, OperatorTokens, SideEffect, Status
-from onceflow.payloads import Phase
+from onceflow.ledger import CallIdentity, Ledger, OperatorTokens, SideEffect, Status
+from onceflow.sdk.payloads import Phase
 from tests.support.downstream import DOWNSTREAM
 from tests.support.operator_api import OperatorApi
 from tests.test_agent_run import wait_for_phase

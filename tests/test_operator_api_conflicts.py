@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from ledger import Status
-from onceflow.constants import CONFLICT_KEYS
-from onceflow.payloads import ConflictSignal
+from onceflow.ledger import Status
+from onceflow.runtime.constants import CONFLICT_KEYS
+from onceflow.sdk.payloads import ConflictSignal
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.operator_api import OperatorApi
 from tests.test_operator_api import unknown_call
 from tests.test_run_conflicts_and_provenance import open_run_with_a_decided_call
-from workflows.agent_run import AgentRunWorkflow
 
 
 async def conflicted_call(api: OperatorApi, tenant: str = "acme") -> str:

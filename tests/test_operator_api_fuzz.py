@@ -30,7 +30,7 @@ from schemathesis.core.result import Ok
 from schemathesis.errors import FailureGroup
 from schemathesis.openapi.checks import RejectedPositiveData
 
-from ledger import CallIdentity, Ledger, SideEffect
+from onceflow.ledger import CallIdentity, Ledger, SideEffect
 from tests.support.guarded import unknown_refund_and_a_held_repeat
 from tests.support.operator_api import OperatorApi
 

@@ -3,7 +3,7 @@ budgets and the evidence that releases them. A real server over a real ledger.""
 
 from __future__ import annotations
 
-from ledger import CallIdentity, Guard, Reservation, SideEffect, Status
+from onceflow.ledger import CallIdentity, Guard, Reservation, SideEffect, Status
 from tests.support.guarded import REFUND, new_run, refund_arguments, unknown_refund_and_a_held_repeat
 from tests.support.operator_api import OperatorApi
 from tests.test_ledger_lineage_and_evidence import replacement_chain

@@ -42,22 +42,22 @@ NEED_AN_EXTRA = {
     "onceflow.api.console.forms": "api",
     "onceflow.api.console.rendering": "api",
     "onceflow.api.console.routes": "api",
-    "onceflow.problems": "api",
-    "examples.billing.credits": "api",
-    "examples.billing.received": "api",
-    "examples.billing.problems": "api",
-    "examples.billing.service": "api",
-    "examples.billing.serving": "api",
-    "examples.billing_mcp": "mcp",
-    "examples.billing_mcp.__main__": "mcp",
-    "examples.billing_mcp.server": "mcp",
+    "onceflow.api.problems": "api",
+    "onceflow.examples.billing.credits": "api",
+    "onceflow.examples.billing.received": "api",
+    "onceflow.examples.billing.problems": "api",
+    "onceflow.examples.billing.service": "api",
+    "onceflow.examples.billing.serving": "api",
+    "onceflow.examples.billing_mcp": "mcp",
+    "onceflow.examples.billing_mcp.__main__": "mcp",
+    "onceflow.examples.billing_mcp.server": "mcp",
 }
 
 # Run inside the clean environment: import every module the wheel installed, report each outcome.
 IMPORT_EVERY_MODULE = """
 import importlib, json, sys, sysconfig
 from pathlib import Path
-from onceflow.extras import MissingExtraError
+from onceflow.local.extras import MissingExtraError
 
 site = Path(sysconfig.get_paths()["purelib"])
 results = {}
@@ -179,13 +179,16 @@ def test_every_module_of_the_wheel_imports_or_names_the_extra_it_needs(
     base_venv: Venv, elsewhere: Path
 ) -> None:
     hatch = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
-    tops = [*hatch["packages"], *(Path(name).stem for name in hatch.get("force-include", {}))]
+    tops = [Path(package).name for package in hatch["packages"]]
     done = base_venv.run(str(base_venv.bin / "python"), "-I", "-c", IMPORT_EVERY_MODULE, *tops, cwd=elsewhere)
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
-    assert {"onceflow.worker", "ledger.store", "workflows.agent_run", "activities.tools", "worker"} <= set(
-        results
-    )
+    assert {
+        "onceflow.runtime.worker",
+        "onceflow.ledger.store",
+        "onceflow.workflows.agent_run",
+        "onceflow.activities.tools",
+    } <= set(results)
     needing = {name: result.get("extra") for name, result in results.items() if "file" not in result}
     assert needing == NEED_AN_EXTRA, "modules that fail to import (or import but should not)"
     for name, extra in NEED_AN_EXTRA.items():
@@ -220,7 +223,7 @@ def test_the_installed_worker_check_passes_on_agents_yaml_without_temporal_or_po
 def test_the_installed_worker_check_fails_on_a_broken_agents_file(base_venv: Venv, elsewhere: Path) -> None:
     agents = elsewhere / "agents.yaml"
     agents.write_text(
-        (ROOT / "agents.yaml").read_text().replace("examples.billing.tools:", "examples.no_such:", 1)
+        (ROOT / "agents.yaml").read_text().replace("onceflow.examples.billing.tools:", "examples.no_such:", 1)
     )
     done = base_venv.run(str(base_venv.bin / "onceflow"), "worker", "--check", cwd=elsewhere)
     assert done.returncode == 1
@@ -240,3 +243,58 @@ def test_commands_that_need_an_extra_say_which_and_start_nothing(
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"pip install 'onceflow[{extra}]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"onceflow"}
+
+
+# An application laid out the way Temporal's samples are: its own top-level `ledger` and `workflows`.
+APP_FILES = {
+    "pyproject.toml": """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+[project]
+name = "someones-app"
+version = "1.0"
+[tool.hatch.build.targets.wheel]
+packages = ["ledger", "workflows"]
+""",
+    "ledger/__init__.py": 'OWNER = "someones-app"\n',
+    "workflows/__init__.py": 'OWNER = "someones-app"\n',
+}
+
+BOTH_IMPORT = """
+import json, ledger, workflows
+import onceflow.ledger, onceflow.workflows
+from onceflow import Guards, Toolset, ToolContext, external, read
+print(json.dumps({
+    "app": [ledger.OWNER, workflows.OWNER],
+    "ours": [onceflow.ledger.Ledger.__module__, onceflow.workflows.AgentRunWorkflow.__module__],
+}))
+"""
+
+
+def test_the_wheel_installs_beside_an_app_with_its_own_ledger_and_workflows(
+    wheel: Path, tmp_path: Path, elsewhere: Path
+) -> None:
+    source = tmp_path / "app"
+    for name, text in APP_FILES.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text(text)
+    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp_path / "dist"), str(source))
+    [app_wheel] = (tmp_path / "dist").glob("someones_app-*.whl")
+    venv_path = tmp_path / "venv"
+    done = subprocess.run([sys.executable, "-m", "venv", str(venv_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    venv = Venv(venv_path)
+    pip("install", "--quiet", str(app_wheel), str(wheel), python=str(venv.bin / "python"))
+    done = venv.run(str(venv.bin / "python"), "-I", "-c", BOTH_IMPORT, cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "app": ["someones-app", "someones-app"],
+        "ours": ["onceflow.ledger.store", "onceflow.workflows.agent_run"],
+    }

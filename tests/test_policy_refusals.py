@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient
-from examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS
-from ledger import FailureKind, Ledger, Status
-from onceflow.agents import build_registry
+from onceflow.examples.billing.client import BillingClient
+from onceflow.examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS
+from onceflow.ledger import FailureKind, Ledger, Status
+from onceflow.runtime.agents import build_registry
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 OVER_LIMIT = DEFAULT_CREDIT_LIMIT_CENTS + 40_000
 

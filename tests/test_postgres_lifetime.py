@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow._pg_watchdog import postmaster_pid
+from onceflow.local.watchdog import postmaster_pid
 from tests.support.processes import REPO
 
 INNER_TEST = """\

@@ -22,9 +22,10 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient
-from ledger import FailureKind, Ledger, Status, ToolExecutionRecord
-from onceflow.agents import build_registry
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import FailureKind, Ledger, Status, ToolExecutionRecord
+from onceflow.runtime.agents import build_registry
+from tests.support.operator_api import serving_api
 from tests.support.processes import ChildProcesses, start_billing_service
 from tests.support.receiver_tools import CLOSED_WINDOW, FAULTS_BY_KEY, HOOK_ASKED
 from tests.support.waiting import eventually
@@ -58,6 +59,9 @@ AGENTS = {
     "toolsets": {"receiver-billing": "tests.support.receiver_tools:toolset"},
     "agents": {
         "resend": _agent("issue_credit_resendable"),
+        "resend-slow-rounds": _agent(
+            "issue_credit_resendable", reconcile_initial_interval="1s", reconcile_max_interval="2s"
+        ),
         "resend-after-hook": _agent("issue_credit_hooked"),
         "closed-window": _agent(
             "issue_credit_short_window",
@@ -165,25 +169,110 @@ async def test_a_resend_that_times_out_leaves_the_call_unknown_for_the_next_roun
     assert (await billing.received(key)).received == 3
 
 
-async def test_a_definite_refusal_of_the_resend_settles_the_call_not_applied(
+@pytest.mark.parametrize(
+    ("first", "answer"),
+    [
+        ("apply_then_hang", "other_body"),  # applied, then the resend is told the key has another body
+        ("apply_then_hang", "in_progress"),  # applied, then the resend is told the key is in progress
+        ("fail_before_apply", "reject"),  # a rejection that says nothing of the key
+    ],
+)
+async def test_a_refusal_of_the_resend_that_does_not_deny_the_key_leaves_the_call_unknown(
+    harness: Harness, ledger: Ledger, billing: BillingClient, first: str, answer: str
+) -> None:
+    run = run_id()
+    key = f"{run}:call_0_0"
+    # The first answer is lost; the first resend is refused; the second is answered with the truth.
+    FAULTS_BY_KEY[key] = [first, answer, None]
+    handle = await harness.start("resend", json.dumps({"account_id": account()}), run_id=run)
+    result = await asyncio.wait_for(handle.result(), 60)
+
+    record = await ledger.get(key)
+    assert record.status is Status.COMPLETED, (record.status, record.reason, kinds(record))
+    assert kinds(record) == [
+        "reserved",
+        "indeterminate",
+        "resend",
+        "resend_inconclusive",
+        "resend",
+        "settled",
+    ]
+    inconclusive = next(e for e in record.events if e.kind == "resend_inconclusive")
+    assert (inconclusive.detail["answer_kind"], inconclusive.detail["answered"]) == ("rejected", True)
+    assert (await billing.effects()).count(key) == 1
+    assert record.result["credit_id"] in result.final
+
+
+async def test_a_resend_answered_no_record_of_the_key_settles_the_call_not_applied(
     harness: Harness, ledger: Ledger, billing: BillingClient
 ) -> None:
     run = run_id()
     key = f"{run}:call_0_0"
-    # A 5xx answer may hide an effect (unknown); the resend, under the same key, is refused: had
-    # the first taken effect, billing would have answered with its credit.
-    FAULTS_BY_KEY[key] = ["fail_before_apply", "reject"]
+    # A 5xx answer may hide an effect (unknown); billing answers the resend that it has no credit for
+    # the key and never will (the key is fenced): the example maps that to ToolKeyNotFoundError.
+    FAULTS_BY_KEY[key] = ["fail_before_apply", "fenced"]
     handle = await harness.start("resend", json.dumps({"account_id": account()}), run_id=run)
     result = await asyncio.wait_for(handle.result(), 60)
 
     record = await ledger.get(key)
     assert (record.status, record.failure_kind) == (Status.FAILED, FailureKind.NOT_APPLIED)
     assert record.evidence["strategy"] == "resend_within_dedup_window"
-    assert record.evidence["answer_kind"] == "rejected"
-    assert "account closed" in record.evidence["answer"]
+    assert record.evidence["answer_kind"] == "no_record_of_key"
+    assert "fenced" in record.evidence["answer"]
     assert (await billing.effects()).count(key) == 0
     assert (await billing.received(key)).received == 2
     assert '"took_effect": false' in result.final
+
+
+async def test_an_operator_resolve_during_a_resend_is_refused_and_lands_after_it(
+    temporal_env: WorkflowEnvironment,
+    ledger: Ledger,
+    dedup_billing_url: str,
+    billing: BillingClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ONCEFLOW_BILLING_URL", dedup_billing_url)
+    run = run_id()
+    key = f"{run}:call_0_0"
+    # Every resend stays on the wire past the tool's 1 s timeout and never reaches billing.
+    FAULTS_BY_KEY[key] = ["fail_before_apply", *["on_the_wire"] * 20]
+    decision = {"status": "failed", "reason": "no credit in billing", "evidence": {"checked": "ledger"}}
+    async with serving_api(temporal_env.client, ledger, build_registry(AGENTS)) as api:
+        handle = await api.runs.start("resend-slow-rounds", json.dumps({"account_id": account()}), run_id=run)
+
+        async def resending() -> bool:
+            record = await ledger.find(key)
+            return record is not None and "resend" in kinds(await ledger.get(key))
+
+        await eventually(resending, "the reconciler to re-send the call")
+        async with await api.as_operator() as alice:
+            refused = await alice.post(f"/v1/tool-executions/{key}/resolve", json=decision)
+            assert refused.status_code == 409, refused.text
+            problem = refused.json()
+            assert problem["type"] == "urn:onceflow:problem:resend-in-flight"
+            assert (problem["resend"], problem["resend_by"]) == (1, "reconciler")
+            assert problem["on_the_wire_until"] in problem["detail"]
+            assert problem["no_resend_before"] in problem["detail"]
+            assert (await ledger.get(key, with_events=False)).status is Status.INDETERMINATE
+
+            # Asked again until it lands: every refusal meanwhile names a resend on the wire.
+            for _ in range(300):
+                answer = await alice.post(f"/v1/tool-executions/{key}/resolve", json=decision)
+                if answer.status_code == 200:
+                    break
+                assert answer.json()["type"] == "urn:onceflow:problem:resend-in-flight", answer.text
+                await asyncio.sleep(0.1)
+            assert answer.status_code == 200, answer.text
+        await asyncio.wait_for(handle.result(), 60)
+
+    record = await ledger.get(key)
+    assert (record.status, record.settled_by) == (Status.FAILED, "operator:alice")
+    settled = next(e for e in record.events if e.kind == "settled")
+    resends = [e for e in record.events if e.kind == "resend"]
+    assert resends  # it was decided after the resend(s), in the quiet spell that followed one
+    for resend in resends:
+        assert datetime.fromisoformat(resend.detail["on_the_wire_until"]) <= settled.at
+    assert (await billing.effects()).count(key) == 0
 
 
 async def test_past_the_window_the_call_is_never_re_sent_and_escalates(

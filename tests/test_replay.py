@@ -16,8 +16,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from onceflow.telemetry import tracing_interceptor
-from workflows import ALL_WORKFLOWS
+from onceflow.runtime.telemetry import tracing_interceptor
+from onceflow.workflows import ALL_WORKFLOWS
 
 HISTORIES = Path(__file__).parent / "histories"
 RECORDED = sorted(p for p in HISTORIES.glob("*/*.json") if p.name != "MANIFEST.json")

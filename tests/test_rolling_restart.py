@@ -5,7 +5,7 @@ downstream and are held there (KeyCountingProxy, in front of the billing service
 new worker is started, and once it polls, the old one is stopped, and the held credits are let go.
 
 With SIGTERM the old worker stops polling and finishes its in-flight credits itself (the graceful
-shutdown period of onceflow/shutdown.py): no call becomes `indeterminate`, every run completes and
+shutdown period of onceflow/runtime/shutdown.py): no call becomes `indeterminate`, every run completes and
 every key reaches billing exactly once. The same restart with SIGKILL, which is what a too-short
 stop timeout turns SIGTERM into, leaves every held call indeterminate: the check can fail.
 """
@@ -28,14 +28,14 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient
-from ledger import Ledger, Status
-from onceflow.client import start_run
-from onceflow.payloads import AgentRunInput, AgentRunResult
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import Ledger, Status
+from onceflow.runtime.client import start_run
+from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.key_counter import KeyCountingProxy
 from tests.support.processes import ChildProcesses
 from tests.support.rolling_tools import AGENTS_YAML, CREDIT_TIMEOUT
-from workflows.agent_run import AgentRunWorkflow
 
 RUNS_PER_WAVE = 3
 # The default grace for these tools is CREDIT_TIMEOUT + margins; the exit must come well before.

@@ -14,15 +14,15 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from ledger import CallIdentity, EventSource, Ledger, SideEffect, Status
-from onceflow.constants import CONFLICT_KEYS
-from onceflow.payloads import OwnerOutcome, Phase, ResolveSignal
+from onceflow.ledger import CallIdentity, EventSource, Ledger, SideEffect, Status
+from onceflow.runtime.constants import CONFLICT_KEYS
+from onceflow.sdk.payloads import OwnerOutcome, Phase, ResolveSignal
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM
 from tests.support.late_outcome import LateOutcomeInput, RecordLateOutcome
 from tests.test_agent_run import wait_for_phase
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
 
 
 @pytest.fixture

@@ -15,17 +15,17 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, Status
-from onceflow.agents import AgentRegistry
-from onceflow.constants import ESCALATED_TO, UNRESOLVED_KEYS
-from onceflow.payloads import AgentRunResult, Phase, ReconcileResult, ResolveSignal, SettleResult
+from onceflow.ledger import Ledger, Status
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.constants import ESCALATED_TO, UNRESOLVED_KEYS
+from onceflow.sdk.payloads import AgentRunResult, Phase, ReconcileResult, ResolveSignal, SettleResult
+from onceflow.workflows.agent_run import AgentRunWorkflow
+from onceflow.workflows.reconcile import reconcile_workflow_id
 from tests.support.agents import credit_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.operator_api import OperatorApi, serving_api
 from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
-from workflows.agent_run import AgentRunWorkflow
-from workflows.reconcile import reconcile_workflow_id
 
 ORDER = json.dumps({"order_id": "o1"})
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import examples
-from ledger import SideEffect
-from onceflow import Effect, ToolContext, Toolset, destructive, external, read, write
-from onceflow.testing import ToolContractError, assert_tool_contract, tool_contract_problems
+from onceflow import Effect, ToolContext, Toolset, destructive, examples, external, read, write
+from onceflow.ledger import SideEffect
+from onceflow.sdk.testing import ToolContractError, assert_tool_contract, tool_contract_problems
 
 
 def test_a_read_passes() -> None:
@@ -137,7 +136,7 @@ def test_every_toolset_in_examples_keeps_the_contract() -> None:
                 problems[f"{toolset.name}.{tool.name}"] = found
         checked.append(toolset)
 
-    assert "examples" in modules
+    assert "onceflow.examples" in modules
     assert checked == toolsets
     assert problems == {}
 

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from ledger import CallIdentity, Ledger, SideEffect
 from onceflow import (
     InvalidToolArgumentsError,
     Tool,
@@ -17,6 +16,7 @@ from onceflow import (
     read,
     write,
 )
+from onceflow.ledger import CallIdentity, Ledger, SideEffect
 
 billing = Toolset("billing")
 seen_contexts: list[ToolContext] = []

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger
+from onceflow.ledger import Ledger
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM
 from tests.workflow_harness import running_worker

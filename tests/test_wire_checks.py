@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from onceflow.models import anthropic, openai
-from onceflow.payloads import Message, ToolCall
+from onceflow.sdk.payloads import Message, ToolCall
 from tests.support.downstream import issue_credit, lookup_order
 from tests.support.wire_checks import anthropic_problems, openai_problems
 

@@ -21,10 +21,11 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from examples.billing.client import BillingClient, BillingConflict
-from ledger import FailureKind, Ledger, Status
-from onceflow.client import start_run
-from onceflow.payloads import AgentRunInput, AgentRunResult
+from onceflow.examples.billing.client import BillingClient, BillingConflict
+from onceflow.ledger import FailureKind, Ledger, Status
+from onceflow.runtime.client import start_run
+from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
+from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.billing_tools import (
     HELD_BEFORE_SEND,
     HELD_IN_LOOKUP,
@@ -34,7 +35,6 @@ from tests.support.billing_tools import (
     PROCESS_AGENTS_YAML,
 )
 from tests.support.processes import ChildProcesses
-from workflows.agent_run import AgentRunWorkflow
 
 # Enough for: the activity timeout of the killed attempt (tool 2 s + margin), the killed worker's
 # sticky workflow task timing out (10 s), a new worker starting, and reconciling.

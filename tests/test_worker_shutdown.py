@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onceflow.agents import AgentRegistry, load_agents, parse_duration
-from onceflow.config import Settings
-from onceflow.constants import ACTIVITY_MARGIN
-from onceflow.dev import DevStack, StackConfig
-from onceflow.shutdown import SHUTDOWN_SLACK, ShutdownGraceError, shutdown_grace
-from onceflow.worker import run_worker
+from onceflow.cli.dev import DevStack, StackConfig
+from onceflow.runtime.agents import AgentRegistry, load_agents
+from onceflow.runtime.config import Settings
+from onceflow.runtime.constants import ACTIVITY_MARGIN
+from onceflow.runtime.shutdown import SHUTDOWN_SLACK, ShutdownGraceError, shutdown_grace
+from onceflow.runtime.worker import run_worker
+from onceflow.sdk.durations import parse_duration
 from tests.support.processes import REPO
 from tests.support.rolling_tools import AGENTS_YAML, CREDIT_TIMEOUT
 

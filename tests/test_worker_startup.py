@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.agents import load_agents
-from onceflow.config import Settings
-from onceflow.worker import run_worker
+from onceflow.runtime.agents import load_agents
+from onceflow.runtime.config import Settings
+from onceflow.runtime.worker import run_worker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -146,7 +146,7 @@ async def test_worker_process_exits_with_the_message_and_no_traceback(tmp_path: 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_worker_check_reports_what_the_worker_would_refuse(tmp_path: Path, case: str) -> None:
-    from onceflow.worker import check_configuration
+    from onceflow.runtime.worker import check_configuration
 
     path, fragments = broken_file(tmp_path, case)
     problem, summary = check_configuration(settings(path, database_url=""))

@@ -11,12 +11,12 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-from ledger import Ledger
-from onceflow.agents import AgentRegistry
-from onceflow.client import start_run
-from onceflow.payloads import AgentRunInput, AgentRunResult
-from onceflow.worker import build_worker
-from workflows.agent_run import AgentRunWorkflow
+from onceflow.ledger import Ledger
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.runtime.client import start_run
+from onceflow.runtime.worker import build_worker
+from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
+from onceflow.workflows.agent_run import AgentRunWorkflow
 
 
 @dataclass

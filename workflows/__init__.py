@@ -1,8 +1,8 @@
 """Workflows: deterministic code only. I/O happens in activities/."""
 
-from workflows.agent_run import AgentRunWorkflow
-from workflows.compensation import CompensationWorkflow
-from workflows.reconcile import ReconcileWorkflow
+from onceflow.workflows.agent_run import AgentRunWorkflow
+from onceflow.workflows.compensation import CompensationWorkflow
+from onceflow.workflows.reconcile import ReconcileWorkflow
 
 ALL_WORKFLOWS = [AgentRunWorkflow, CompensationWorkflow, ReconcileWorkflow]
 

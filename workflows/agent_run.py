@@ -25,13 +25,14 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from activities.model import ModelActivities
-    from activities.tools import ToolActivities
-    from ledger.status import SETTLED, SideEffect, Status
-    from onceflow.constants import (
+    from onceflow.activities.model import ModelActivities
+    from onceflow.activities.tools import ToolActivities
+    from onceflow.ledger.status import SETTLED, SideEffect, Status
+    from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
         AGENT,
         CONFLICT_KEYS,
+        ERR_NOT_A_READ,
         LEDGER_STEP_TIMEOUT,
         MODEL_HEARTBEAT,
         MODEL_RETRY,
@@ -40,8 +41,8 @@ with workflow.unsafe.imports_passed_through():
         READ_RETRY,
         TENANT,
     )
-    from onceflow.keys import mint_tool_call_ids
-    from onceflow.payloads import (
+    from onceflow.sdk.keys import mint_tool_call_ids
+    from onceflow.sdk.payloads import (
         AgentRunInput,
         AgentRunResult,
         AgentSpec,
@@ -59,8 +60,8 @@ with workflow.unsafe.imports_passed_through():
         ToolSpec,
     )
 
-from workflows.conversation import Conversation
-from workflows.write_calls import WriteCalls, call_summary
+from onceflow.workflows.conversation import Conversation
+from onceflow.workflows.write_calls import WriteCalls, call_summary
 
 # Patches (workflow.patched): runs started before a patch replay without it. See docs/operations.md.
 # Model turns take the conversation by reference (stored beside the ledger) instead of inline.
@@ -260,11 +261,15 @@ class AgentRunWorkflow(WriteCalls):
         self, run_input: AgentRunInput, spec: AgentSpec, call: ToolCall, heard: list[str]
     ) -> ToolOutcome:
         tool = spec.tools.get(call.name)
+        info = workflow.info()
         tool_input = ToolCallInput(
-            run_id=workflow.info().workflow_id,
+            run_id=info.workflow_id,
             tenant=run_input.tenant,
             agent=spec.name,
             call=call,
+            # What the run's first write claims its run id with (ledger/run_ids.py): the same
+            # across a reset or continue-as-new of this run, different for any other run.
+            first_execution_run_id=info.first_execution_run_id,
             heard=heard,
         )
         if tool is None:
@@ -293,10 +298,9 @@ class AgentRunWorkflow(WriteCalls):
                 summary=f"read {call.name}",
             )
         except ActivityError as err:
-            return ToolOutcome(
-                tool_call_id=call.id,
-                tool=call.name,
-                key=None,
-                status="error",
-                error=f"{call.name} failed after {READ_RETRY.maximum_attempts} attempts: {err.cause or err}",
-            )
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == ERR_NOT_A_READ:
+                error = str(cause)  # refused before anything was called, on the first attempt
+            else:
+                error = f"{call.name} failed after {READ_RETRY.maximum_attempts} attempts: {cause or err}"
+            return ToolOutcome(tool_call_id=call.id, tool=call.name, key=None, status="error", error=error)

@@ -1,7 +1,10 @@
 """CompensationWorkflow: undo one completed call, once, because an operator asked.
 
 Started only by the operator API (id `compensation:<key>`, so asking twice while it runs starts it
-once). Nothing in the runtime starts it on its own: not a failed, cancelled, timed-out or reset run.
+once), which first writes a `compensation_requested` event on the call; planning claims that request
+for this run, and the operator recorded on the call is the request's, never the input's. A run
+started by hand has no request to claim and fails (`CompensationNotRequested`) before anything is
+reserved or sent. Nothing in the runtime starts it on its own: not a failed, cancelled, timed-out or reset run.
 The compensation is a single-attempt write with its own key, `<key>:compensation`. If its outcome is
 unknown, it waits, like any unknown call, for an operator's `resolve` (to the compensation key);
 the API passes that resolve to this workflow.
@@ -15,10 +18,10 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.compensation import CompensationActivities
-    from activities.ledger_steps import LedgerActivities
-    from ledger.status import Status
-    from onceflow.constants import (
+    from onceflow.activities.compensation import CompensationActivities
+    from onceflow.activities.ledger_steps import LedgerActivities
+    from onceflow.ledger.status import Status
+    from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
@@ -27,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
         UNRESOLVED_KEYS,
         WRITE_ONCE,
     )
-    from onceflow.payloads import (
+    from onceflow.sdk.payloads import (
         CallRef,
         CompensationInput,
         CompensationPlan,

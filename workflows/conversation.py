@@ -9,7 +9,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from onceflow.payloads import Message, ModelCallInput, ModelTurn
+    from onceflow.sdk.payloads import Message, ModelCallInput, ModelTurn
 
 
 class Conversation:

@@ -20,10 +20,10 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.ledger_steps import LedgerActivities
-    from activities.reconcile import ReconcileActivities
-    from ledger.status import Status
-    from onceflow.constants import (
+    from onceflow.activities.ledger_steps import LedgerActivities
+    from onceflow.activities.reconcile import ReconcileActivities
+    from onceflow.ledger.status import Status
+    from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
         ESCALATED_TO,
         LEDGER_RETRY,
@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
         TENANT,
         UNRESOLVED_KEYS,
     )
-    from onceflow.payloads import (
+    from onceflow.sdk.payloads import (
         EscalatedSignal,
         EscalateInput,
         ReconcileInput,

@@ -21,16 +21,18 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from activities.ledger_steps import LedgerActivities
-    from activities.tools import ToolActivities
-    from ledger.status import SETTLED, Status
-    from onceflow.constants import (
+    from onceflow.activities.ledger_steps import LedgerActivities
+    from onceflow.activities.tools import ToolActivities
+    from onceflow.ledger.status import SETTLED, Status
+    from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
         ERR_BUDGET_LIMIT_UNAVAILABLE,
         ERR_CALL_INDETERMINATE,
+        ERR_INVALID_RUN_ID,
         ERR_LEDGER_UNAVAILABLE,
         ERR_OUTCOME_NOT_RECORDED,
         ERR_PAYLOAD_MISMATCH,
+        ERR_RUN_ID_TAKEN,
         ERR_TENANT_MISMATCH,
         ESCALATED_TO,
         HELD_KEYS,
@@ -43,8 +45,8 @@ with workflow.unsafe.imports_passed_through():
         UNRESOLVED_KEYS,
         WRITE_ONCE,
     )
-    from onceflow.keys import call_key
-    from onceflow.payloads import (
+    from onceflow.sdk.keys import call_key
+    from onceflow.sdk.payloads import (
         AgentSpec,
         CallRef,
         CallSummary,
@@ -59,7 +61,7 @@ with workflow.unsafe.imports_passed_through():
         ToolOutcome,
         ToolSpec,
     )
-    from workflows.reconcile import ReconcileWorkflow, reconcile_workflow_id
+    from onceflow.workflows.reconcile import ReconcileWorkflow, reconcile_workflow_id
 
 # A write activity that failed in an unexpected way before reserving is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
@@ -147,8 +149,9 @@ class WriteCalls:
                     await workflow.sleep(backoff)
                     backoff = min(backoff * 2, RESERVE_BACKOFF_MAX)
                     continue
-                if kind in (ERR_PAYLOAD_MISMATCH, ERR_TENANT_MISMATCH):
-                    # The key is bound to another call: a bug or an injection, never a retry.
+                if kind in (ERR_PAYLOAD_MISMATCH, ERR_TENANT_MISMATCH, ERR_RUN_ID_TAKEN, ERR_INVALID_RUN_ID):
+                    # The key is bound to another call (or could be): a bug, an injection or a
+                    # reused run id, never a retry. Nothing was reserved or sent.
                     raise ApplicationError(str(cause), type=kind, non_retryable=True) from err
                 if kind == ERR_OUTCOME_NOT_RECORDED and isinstance(cause, ApplicationError):
                     return await workflow.execute_activity_method(
@@ -239,7 +242,9 @@ class WriteCalls:
         self._publish_held()
         wait = HOLD_RECHECK_INITIAL.total_seconds()
         while outcome.status is Status.HELD:
-            if outcome.held_by and outcome.held_by.startswith(f"{tool_input.run_id}:"):
+            # A call of this very run: the run part of its key is exactly this run id (run ids
+            # have no `:`), not merely a prefix of it.
+            if outcome.held_by and outcome.held_by.rpartition(":")[0] == tool_input.run_id:
                 await self._adopt(spec, tool, outcome.held_by)
             self._pending[ref.key] = call_summary(outcome)
             self._calls[ref.tool_call_id] = call_summary(outcome)

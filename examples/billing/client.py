@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
-from examples.billing.models import (
+from onceflow.examples.billing.models import (
     Credit,
     Effect,
     Effects,
@@ -31,7 +31,7 @@ from examples.billing.models import (
     ReceivedByKey,
     ReceivedCounts,
 )
-from examples.billing.policy import POLICY_PROBLEM_PREFIX
+from onceflow.examples.billing.policy import POLICY_PROBLEM_PREFIX
 
 
 class BillingError(Exception):

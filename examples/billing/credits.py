@@ -7,19 +7,19 @@ import logging
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from onceflow.extras import needs_extra
+from onceflow.local.extras import needs_extra
 
 with needs_extra("api"):
     from fastapi import APIRouter, Depends, Header, Request, Response
     from fastapi.responses import JSONResponse
 
-from examples.billing.faults import FAULT_DELAY_HEADER, FAULT_HEADER, Fault, FaultBook
-from examples.billing.models import Credit, CreditRequest, FaultMode
-from examples.billing.policy import CREDIT_LIMIT_SLUG, DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
-from examples.billing.problems import Problem
-from examples.billing.received import mark_unanswered, received_id
-from examples.billing.serving import ABORT_EXTENSION
-from examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced, RecordedAnswer
+from onceflow.examples.billing.faults import FAULT_DELAY_HEADER, FAULT_HEADER, Fault, FaultBook
+from onceflow.examples.billing.models import Credit, CreditRequest, FaultMode
+from onceflow.examples.billing.policy import CREDIT_LIMIT_SLUG, DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
+from onceflow.examples.billing.problems import Problem
+from onceflow.examples.billing.received import mark_unanswered, received_id
+from onceflow.examples.billing.serving import ABORT_EXTENSION
+from onceflow.examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced, RecordedAnswer
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"

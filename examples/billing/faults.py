@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from examples.billing.models import AccountFault, FaultMode, FaultSpec
+from onceflow.examples.billing.models import AccountFault, FaultMode, FaultSpec
 
 FAULT_HEADER = "X-Fault"
 FAULT_DELAY_HEADER = "X-Fault-Delay"

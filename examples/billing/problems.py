@@ -1,11 +1,11 @@
 """The billing service's errors: onceflow's RFC 9457 problem details, under its own type URIs."""
 
-from onceflow.extras import needs_extra
+from onceflow.local.extras import needs_extra
 
 with needs_extra("api"):
     from fastapi import FastAPI
 
-from onceflow import problems
+from onceflow.api import problems
 
 
 class Problem(problems.Problem):

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from onceflow.extras import needs_extra
+from onceflow.local.extras import needs_extra
 
 with needs_extra("api"):
     from fastapi import APIRouter, Query, Request
 
-from examples.billing.models import ReceivedByKey, ReceivedCounts, ReceivedRequest
-from examples.billing.store import BillingStore, ReceivedRow
+from onceflow.examples.billing.models import ReceivedByKey, ReceivedCounts, ReceivedRequest
+from onceflow.examples.billing.store import BillingStore, ReceivedRow
 
 # Business routes only: the service's health, effects, faults and this record are not counted.
 RECORDED_PREFIXES = ("/credits", "/orders")

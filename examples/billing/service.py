@@ -26,19 +26,19 @@ import argparse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from onceflow.extras import needs_extra
+from onceflow.local.extras import needs_extra
 
 with needs_extra("api"):
     import uvicorn
     from fastapi import APIRouter, FastAPI, Response
 
-from examples.billing import credits, received
-from examples.billing.credits import BillingState, State
-from examples.billing.models import AccountFault, Effect, Effects, FaultSpec, Order, seeded_order
-from examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS
-from examples.billing.problems import Problem, install_problem_handlers
-from examples.billing.serving import uvicorn_config
-from examples.billing.store import BillingStore
+from onceflow.examples.billing import credits, received
+from onceflow.examples.billing.credits import BillingState, State
+from onceflow.examples.billing.models import AccountFault, Effect, Effects, FaultSpec, Order, seeded_order
+from onceflow.examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS
+from onceflow.examples.billing.problems import Problem, install_problem_handlers
+from onceflow.examples.billing.serving import uvicorn_config
+from onceflow.examples.billing.store import BillingStore
 
 router = APIRouter(tags=["service"])
 

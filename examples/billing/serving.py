@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from onceflow.extras import needs_extra
+from onceflow.local.extras import needs_extra
 
 with needs_extra("api"):
     import uvicorn

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from examples.billing.models import Credit, CreditRequest
+from onceflow.examples.billing.models import Credit, CreditRequest
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS credits (

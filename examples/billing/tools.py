@@ -11,18 +11,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from examples.billing.client import (
-    BillingClient,
-    BillingConflict,
-    BillingLocked,
-    BillingPolicyRefused,
-    BillingRejected,
-)
 from onceflow import (
     Guards,
     ReconcileOutcome,
     ToolContext,
     ToolExecutionRecord,
+    ToolKeyNotFoundError,
     ToolNotAttemptedError,
     ToolRefusedError,
     ToolRejectedError,
@@ -30,9 +24,18 @@ from onceflow import (
     external,
     read,
 )
-from onceflow.config import env
+from onceflow.examples.billing.client import (
+    BillingClient,
+    BillingConflict,
+    BillingLocked,
+    BillingPolicyRefused,
+    BillingRejected,
+)
+from onceflow.runtime.config import env
 
 CREDIT_TIMEOUT = timedelta(seconds=3)
+# The problem type billing answers for a key its reconciler fenced (see examples/billing/credits.py).
+KEY_FENCED_PROBLEM = "/idempotency-key-fenced"
 
 billing = Toolset("billing")
 
@@ -50,11 +53,14 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
 
 
 async def find_credit(account_id: str, amount_cents: int, context: ToolContext) -> ReconcileOutcome:
-    """Did the credit for this call land? Fencing the key makes a "no" permanent, hence trustworthy."""
+    """Did the credit for this call land? Fencing the key makes a "no" permanent, hence trustworthy:
+    billing then has no credit for the key and never will, which is what `ToolKeyNotFoundError` says."""
     async with _client() as client:
         credit = await client.fence_key(context.idempotency_key)
     if credit is None:
-        return ReconcileOutcome.failed(source="billing fence", idempotency_key=context.idempotency_key)
+        raise ToolKeyNotFoundError(
+            f"billing has no credit for key {context.idempotency_key!r} and has fenced it (billing fence)"
+        )
     return ReconcileOutcome.completed(
         credit, result_reference=credit["credit_id"], source="billing lookup by idempotency key"
     )
@@ -85,8 +91,11 @@ async def send_credit(
 ) -> dict[str, Any]:
     """POST the credit once, and say what billing's refusals mean to onceflow.
 
-    Locked: refused at the door, nothing processed (`ToolNotAttemptedError`). Rejected, or the key
-    already used for another body: a definite no (`ToolRejectedError`). Refused on policy grounds
+    Locked: refused at the door, nothing processed (`ToolNotAttemptedError`). The key fenced by a
+    reconciler: billing has no credit for it and never will (`ToolKeyNotFoundError`, the one answer
+    that settles a resent call as failed). Rejected, or the key already used for another body: a
+    no for this request (`ToolRejectedError`); to a resend it proves nothing about the first
+    request, since the key may be known. Refused on policy grounds
     (above the authorization limit): final, never sent again, and the model is told so
     (`ToolRefusedError`). Anything else propagates, and onceflow calls the outcome unknown.
     """
@@ -94,7 +103,11 @@ async def send_credit(
         credit = await client.credit(account_id, amount_cents, idempotency_key=idempotency_key)
     except BillingLocked as exc:
         raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
-    except (BillingRejected, BillingConflict) as exc:
+    except BillingConflict as exc:
+        if str(exc.problem.get("type", "")).endswith(KEY_FENCED_PROBLEM):
+            raise ToolKeyNotFoundError(exc.detail) from exc
+        raise ToolRejectedError(exc.detail) from exc
+    except BillingRejected as exc:
         raise ToolRejectedError(exc.detail) from exc
     except BillingPolicyRefused as exc:
         raise ToolRefusedError(exc.detail) from exc

@@ -1,4 +1,4 @@
-from examples.billing_mcp.server import main
+from onceflow.examples.billing_mcp.server import main
 
 if __name__ == "__main__":
     main()

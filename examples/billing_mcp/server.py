@@ -7,6 +7,7 @@ Tools and their annotations (honest, except the one marked as a liar):
 | `lookup_order(order_id)` | readOnly | the seeded order (same orders as the HTTP service) |
 | `issue_credit(account_id, amount_cents, memo?)` | not readOnly, not destructive, open world | moves money, once per idempotency key |
 | `find_credit(idempotency_key)` | readOnly, closed world | the lookup a reconciler asks: was the credit under this key applied? |
+| `credit_allowance(account_id)` | readOnly | `{"limit": cents}`: how much an account may be credited in all (a budget's `limit_from`) |
 | `send_statement(account_id)` | readOnly (a lie) | records a statement "sent"; for tests of annotation overrides |
 
 `issue_credit` and `send_statement` take their idempotency key from the request's
@@ -22,6 +23,13 @@ Every request for a key is written to the `mcp_requests` table before anything e
 test can count what the server *received*, which a server that deduplicates by key would otherwise
 hide. Credits live in the billing example's own store (examples/billing/store.py), in the SQLite
 file given by `--db`, so they survive the server being killed.
+
+With `BILLING_MCP_CACHE_BY_KEY=1` the server also behaves like a careless deduplicating gateway: it
+keeps the answer of every `tools/call`, whatever the tool, under the request's
+`_meta["io.onceflow/idempotency-key"]` alone, and answers any later request with that key from it.
+onceflow gives every request its own key (a read's, a limit read's and a lookup's differ from the
+write's, which they carry under `io.onceflow/write-key`), so such a server never answers a write
+with a read's answer.
 
 Faults per account come from the environment variable `BILLING_MCP_FAULTS`, a JSON object
 `{"acct_x": {"mode": "apply_then_hang", "delay_seconds": 30}}`; modes as in the billing service:
@@ -41,22 +49,23 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
-from onceflow.extras import needs_extra
+from onceflow.local.extras import needs_extra
 
 with needs_extra("mcp"):
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
-from examples.billing.faults import Fault
-from examples.billing.models import CreditRequest, FaultMode, seeded_order
-from examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
-from examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced
+from onceflow.examples.billing.faults import Fault
+from onceflow.examples.billing.models import CreditRequest, FaultMode, seeded_order
+from onceflow.examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
+from onceflow.examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced
 from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY
 
 FAULTS_ENV = "BILLING_MCP_FAULTS"
 TOKEN_ENV = "BILLING_MCP_TOKEN"
 CREDIT_LIMIT_ENV = "BILLING_MCP_CREDIT_LIMIT"
+CACHE_BY_KEY_ENV = "BILLING_MCP_CACHE_BY_KEY"
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
 MOVES_MONEY = ToolAnnotations(
@@ -140,14 +149,43 @@ def credit_result(body: dict[str, Any]) -> CallToolResult:
     )
 
 
+class KeyCache:
+    """The careless gateway of `BILLING_MCP_CACHE_BY_KEY`: one answer per key, whatever the tool."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._answers: dict[str, Any] = {}
+
+    async def answer(self, ctx: Context, tool: Callable[[], Awaitable[Any]]) -> Any:
+        key = _key(ctx)
+        if not self.enabled or key is None:
+            return await tool()
+        if key not in self._answers:
+            self._answers[key] = await tool()
+        return self._answers[key]
+
+    async def read(self, ctx: Context, tool: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        kept = await self.answer(ctx, tool)
+        if isinstance(kept, CallToolResult):  # a write's answer, handed to a read
+            return kept.structured_content or {}
+        answer: dict[str, Any] = kept
+        return answer
+
+
 def create_server(
-    db_path: str, faults: dict[str, Fault] | None = None, credit_limit_cents: int | None = None
+    db_path: str,
+    faults: dict[str, Fault] | None = None,
+    credit_limit_cents: int | None = None,
+    cache_by_key: bool | None = None,
 ) -> MCPServer:
     """The billing MCP server over the credits stored in `db_path`."""
     store = BillingStore(db_path)
     requests = RequestLog(db_path)
     faults = _faults_from_env() if faults is None else faults
     limit = _credit_limit_from_env() if credit_limit_cents is None else credit_limit_cents
+    if cache_by_key is None:
+        cache_by_key = os.environ.get(CACHE_BY_KEY_ENV) == "1"
+    cache = KeyCache(cache_by_key)
     server = MCPServer(
         "billing-mcp", instructions="Orders and credits of the onceflow billing example.", log_level="WARNING"
     )
@@ -169,20 +207,39 @@ def create_server(
             await asyncio.sleep(fault.delay_seconds)
 
     @server.tool(annotations=READ_ONLY)
-    def lookup_order(order_id: str) -> dict[str, Any]:
+    async def lookup_order(order_id: str, ctx: Context) -> dict[str, Any]:
         """Look up an order: its account, amount and status."""
-        order = seeded_order(order_id)
-        if order is None:
-            raise ToolError(f"no order {order_id!r}; order ids look like ord_<suffix>")
-        return order.model_dump(mode="json")
+
+        async def look() -> dict[str, Any]:
+            order = seeded_order(order_id)
+            if order is None:
+                raise ToolError(f"no order {order_id!r}; order ids look like ord_<suffix>")
+            return order.model_dump(mode="json")
+
+        return await cache.read(ctx, look)
+
+    @server.tool(annotations=READ_ONLY)
+    async def credit_allowance(account_id: str, ctx: Context) -> dict[str, Any]:
+        """How much this account may be credited in all, in cents: {"limit": cents}."""
+        requests.received("credit_allowance", _key(ctx))
+
+        async def allowance() -> dict[str, Any]:
+            return {"account_id": account_id, "limit": limit}
+
+        return await cache.read(ctx, allowance)
 
     @server.tool(annotations=MOVES_MONEY)
     async def issue_credit(
         account_id: str, amount_cents: int, ctx: Context, memo: str | None = None
     ) -> CallToolResult:
         """Credit an account, in cents. Applied once per idempotency key (sent in _meta)."""
+        requests.received("issue_credit", _key(ctx))
+        answer = await cache.answer(ctx, lambda: credit(account_id, amount_cents, ctx, memo))
+        # From the careless cache, a read's answer may come back here, as such a gateway would.
+        return answer if isinstance(answer, CallToolResult) else credit_result(answer)
+
+    async def credit(account_id: str, amount_cents: int, ctx: Context, memo: str | None) -> CallToolResult:
         key = _key(ctx)
-        requests.received("issue_credit", key)
         if key is None:
             raise ToolError(f"no idempotency key in _meta[{IDEMPOTENCY_META_KEY!r}]; nothing was applied")
         try:
@@ -210,15 +267,20 @@ def create_server(
         return credit_result(answer.body)
 
     @server.tool(annotations=READ_ONLY)
-    def find_credit(idempotency_key: str) -> dict[str, Any]:
+    async def find_credit(idempotency_key: str, ctx: Context) -> dict[str, Any]:
         """Was a credit applied under this idempotency key? The onceflow reconcile lookup protocol:
         {"status": "completed", "result": credit, "reference": credit_id}, or "unknown" when none is
         found (this server cannot prove a credit will never land, so it never answers "failed")."""
-        credit = store.credit_by_key(idempotency_key)
-        if credit is None:
-            return {"status": "unknown", "evidence": {"found": False}}
-        body = credit.model_dump(mode="json")
-        return {"status": "completed", "result": body, "reference": credit.credit_id}
+        requests.received("find_credit", _key(ctx))
+
+        async def find() -> dict[str, Any]:
+            credit = store.credit_by_key(idempotency_key)
+            if credit is None:
+                return {"status": "unknown", "evidence": {"found": False}}
+            body = credit.model_dump(mode="json")
+            return {"status": "completed", "result": body, "reference": credit.credit_id}
+
+        return await cache.read(ctx, find)
 
     @server.tool(annotations=READ_ONLY)
     async def send_statement(account_id: str, ctx: Context) -> dict[str, Any]:

@@ -14,30 +14,16 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
-from activities.compensation import COMPENSATION_SUFFIX, compensation_key
-from activities.held import wake_held
-from ledger import (
-    ConflictNotOpenError,
-    EventSource,
-    EvidenceRequiredError,
-    HeldCallError,
-    InvalidTransitionError,
-    Ledger,
-    OperatorToken,
-    OperatorTokens,
-    RecordNotFoundError,
-    Status,
-    ToolExecutionRecord,
-)
-from onceflow import metrics
-from onceflow.agents import AgentRegistry
+from onceflow.activities.compensation import COMPENSATION_SUFFIX, compensation_key
+from onceflow.activities.held import wake_held
+from onceflow.api import metrics
 from onceflow.api.auth import Operator, RequireToken
 from onceflow.api.console import install_console
+from onceflow.api.inputs import checked_query_dependency, install_input_checks
 from onceflow.api.models import (
     AcknowledgeRequest,
     ApproveRequest,
@@ -49,9 +35,24 @@ from onceflow.api.models import (
     ToolExecutionList,
     ToolExecutionView,
 )
-from onceflow.payloads import CompensationInput, ConflictSignal, ResolveSignal
-from onceflow.problems import PROBLEM_MEDIA_TYPE, Problem, install_problem_handlers
-from workflows.compensation import CompensationWorkflow, compensation_workflow_id
+from onceflow.api.problems import PROBLEM_MEDIA_TYPE, Problem, install_problem_handlers
+from onceflow.ledger import (
+    ConflictNotOpenError,
+    EventSource,
+    EvidenceRequiredError,
+    HeldCallError,
+    InvalidTransitionError,
+    Ledger,
+    OperatorToken,
+    OperatorTokens,
+    RecordNotFoundError,
+    ResendInFlightError,
+    Status,
+    ToolExecutionRecord,
+)
+from onceflow.runtime.agents import AgentRegistry
+from onceflow.sdk.payloads import CompensationInput, ConflictSignal, ResolveSignal
+from onceflow.workflows.compensation import CompensationWorkflow, compensation_workflow_id
 
 log = logging.getLogger("onceflow.api")
 
@@ -79,42 +80,6 @@ Key = Annotated[
 ]
 _STATUS_NAME = "(indeterminate|started|awaiting_approval|held)"
 STATUS_FILTER_PATTERN = rf"^{_STATUS_NAME}(,{_STATUS_NAME})*$"
-
-
-class _BodyLimit:
-    """Refuse request bodies over a size, whether announced by Content-Length or streamed."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._too_large(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise Problem(
-                    413, "body-too-large", "Body too large", f"bodies are limited to {self.limit} bytes"
-                )
-            return message
-
-        await self.app(scope, limited, send)
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        problem = Problem(
-            413, "body-too-large", "Body too large", f"bodies are limited to {self.limit} bytes"
-        )
-        await problem.response()(scope, receive, send)
 
 
 def _not_found(key: str) -> Problem:
@@ -172,6 +137,21 @@ def _held(exc: HeldCallError) -> Problem:
     )
 
 
+def _resend_in_flight(exc: ResendInFlightError) -> Problem:
+    return Problem(
+        409,
+        "resend-in-flight",
+        "A resend is on the wire",
+        str(exc),
+        key=exc.key,
+        current_status=exc.current_status,
+        resend=exc.resend,
+        resend_by=exc.resend_actor,
+        on_the_wire_until=exc.until.isoformat(),
+        no_resend_before=exc.quiet_until.isoformat(),
+    )
+
+
 def _check_key(key: str) -> str:
     if not _KEY.fullmatch(key):  # fullmatch: `$` alone would let a trailing newline through
         raise Problem(
@@ -186,29 +166,20 @@ def _require_json(request: Request) -> None:
         raise Problem(415, "unsupported-media-type", "Unsupported media type", "send application/json")
 
 
-def _each_query_parameter_once(request: Request) -> None:
-    params = request.query_params
-    repeated = sorted({name for name in params if len(params.getlist(name)) > 1})
-    if repeated:
-        # FastAPI would silently keep the last value: `status=a&status=b` would filter by b alone.
-        raise Problem(
-            400,
-            "invalid-request",
-            "Invalid request",
-            f"give each query parameter at most once (repeated: {', '.join(repeated)})",
-        )
-
-
 # POST routes take JSON only; checked before the body is parsed.
 JSON = [Depends(_require_json)]
-QUERY = [Depends(_each_query_parameter_once)]
+# Every route's query is checked (unknown or repeated parameters are refused) by inputs.py; this
+# names the same check for routes that want to say so.
+QUERY = [checked_query_dependency()]
 
 # Every error is a problem document, and malformed input is 400, not FastAPI's default 422 shape.
 # Declaring 4XX also keeps FastAPI from publishing that 422 body, which this API never sends.
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     "4XX": {
-        "description": "400 malformed input, 401 no valid token, 404 no such key for your tenant, "
-        "409 already decided or not allowed in its state, 413 body too large, 415 not JSON, "
+        "description": "400 malformed input (an unknown query parameter; `unreadable-body`: a body "
+        "that is not JSON the ledger can store, e.g. NaN or Infinity), 401 no valid token, 404 no such "
+        "key for your tenant, 409 already decided or not allowed in its state, 413 body too large "
+        "(`unreadable-body`), 415 not JSON, "
         "422 refused by a business rule.",
         "content": {PROBLEM_MEDIA_TYPE: {"schema": ProblemDocument.model_json_schema()}},
     }
@@ -226,8 +197,9 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
     app.state.ledger = ledger
     app.state.tokens = OperatorTokens(ledger)
     install_problem_handlers(app)
+    # Before any route is added, so every route (and every later one) inherits the checks.
+    install_input_checks(app, body_limit=MAX_BODY_BYTES)
     metrics.mount(app, ledger=ledger, registry=registry)  # /metrics, unauthenticated (onceflow.metrics)
-    app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES)
     # Added last, so it runs first: no token, no other answer than 401.
     app.add_middleware(RequireToken, tokens=app.state.tokens)
     install_console(app, namespace=client.namespace)
@@ -323,6 +295,8 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
             raise _not_found(key) from None
         except HeldCallError as exc:
             raise _held(exc) from None
+        except ResendInFlightError as exc:
+            raise _resend_in_flight(exc) from None
         except InvalidTransitionError as exc:
             raise _conflict(exc) from None
         except EvidenceRequiredError as exc:
@@ -335,7 +309,8 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
     async def resolve(key: Key, body: ResolveRequest, operator: Operator) -> DecisionResponse:
         """Settle an unknown call as completed or failed. Of two operators, the first wins.
 
-        A held call cannot be settled (409 `held`, naming the call it waits for). Settling a call
+        A held call cannot be settled (409 `held`, naming the call it waits for), nor a call whose
+        resend is on the wire (409 `resend-in-flight`, naming the resend and when its lease ends). Settling a call
         that draws on a budget as failed releases its amount and needs `evidence` (422 otherwise).
         """
         return await decide(
@@ -478,12 +453,16 @@ def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_
                 f"tool {tool.name!r} declares no compensation; it cannot be undone by onceflow",
                 key=key,
             )
+        actor = f"operator:{operator.operator}"
+        try:
+            # The workflow takes who asked from this event, never from its input.
+            await ledger.request_compensation(key, actor=actor, reason=body.reason, tenant=operator.tenant)
+        except InvalidTransitionError as exc:
+            raise _conflict(exc) from None
         workflow_id = compensation_workflow_id(key)
         await client.start_workflow(
             CompensationWorkflow.run,
-            CompensationInput(
-                key=key, tenant=operator.tenant, actor=f"operator:{operator.operator}", reason=body.reason
-            ),
+            CompensationInput(key=key, tenant=operator.tenant, actor=actor, reason=body.reason),
             id=workflow_id,
             task_queue=task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

@@ -9,8 +9,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ledger import OperatorToken, OperatorTokens
-from onceflow.problems import Problem
+from onceflow.api.problems import Problem
+from onceflow.ledger import OperatorToken, OperatorTokens
 
 _bearer = HTTPBearer(auto_error=False, description="An operator token from `onceflow tokens create`.")
 

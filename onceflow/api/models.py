@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from ledger import EventSource, Status, ToolExecutionEvent, ToolExecutionRecord
+from onceflow.ledger import EventSource, Status, ToolExecutionEvent, ToolExecutionRecord
 
 MAX_REASON = 2000
 

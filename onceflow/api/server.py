@@ -11,10 +11,10 @@ from pathlib import Path
 import uvicorn
 
 from onceflow.api.app import create_app
-from onceflow.client import connect
-from onceflow.config import Settings
-from onceflow.health import api_probe, keep_heartbeat, remove_heartbeat
-from onceflow.worker import open_agents_and_ledger
+from onceflow.runtime.client import connect
+from onceflow.runtime.config import Settings
+from onceflow.runtime.health import api_probe, keep_heartbeat, remove_heartbeat
+from onceflow.runtime.worker import open_agents_and_ledger
 
 log = logging.getLogger("onceflow.api")
 

@@ -5,6 +5,7 @@
 
 from onceflow.drill.points import KillPoint
 from onceflow.drill.report import DrillReport
-from onceflow.drill.runner import DrillConfig, run_drill
+from onceflow.drill.runner import run_drill
+from onceflow.drill.scenario import DrillConfig
 
 __all__ = ["DrillConfig", "DrillReport", "KillPoint", "run_drill"]

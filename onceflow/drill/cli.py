@@ -7,7 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from onceflow.drill.runner import DrillConfig, run_drill
+from onceflow.drill.runner import run_drill
+from onceflow.drill.scenario import DrillConfig
 
 
 def run_from_cli(config: DrillConfig) -> int:

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger import Status
 from onceflow.drill.scenario import ORIGINAL_CALL, REISSUE_CALL, PlannedRun
+from onceflow.ledger import Status
 
 INVARIANT = "no_intent_applied_more_than_once"
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import httpx
 
-from examples.billing.client import BillingClient
-from ledger import Ledger, Status
 from onceflow.drill.points import Held, KillPoint, mark_done, read_held
 from onceflow.drill.processes import DrillProcesses, WorkerSlot
 from onceflow.drill.scenario import PlannedRun
 from onceflow.drill.tools import CREDIT_TIMEOUT
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import Ledger, Status
 
 # The ledger status a killed worker must leave behind for the kill to count as "at that point".
 _STATUS_AT = {

@@ -20,12 +20,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 from temporalio.client import Client
 
-from ledger import migrate
-from onceflow.client import search_attribute_flags
 from onceflow.drill.points import MARKERS_ENV
 from onceflow.drill.tools import SABOTAGE_INTENT_ENV
-from onceflow.extras import MissingExtraError
-from onceflow.postgres import EmbeddedPostgres, create_database
+from onceflow.ledger import migrate
+from onceflow.local.extras import MissingExtraError
+from onceflow.local.postgres import EmbeddedPostgres, create_database
+from onceflow.runtime.client import search_attribute_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LEDGER_DATABASE = "onceflow"
@@ -108,7 +108,7 @@ class DrillProcesses:
         await migrate(self.database_url)
         billing_port = free_port()
         self.billing_url = f"http://127.0.0.1:{billing_port}"
-        billing = [sys.executable, "-m", "examples.billing.service", "--port", str(billing_port)]
+        billing = [sys.executable, "-m", "onceflow.examples.billing.service", "--port", str(billing_port)]
         billing += ["--db", str(self.billing_db), "--log-level", "warning"]
         # Honour no key: a key sent twice applies twice, and every request is counted on arrival.
         billing += ["--no-dedup"]

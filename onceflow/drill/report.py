@@ -35,19 +35,18 @@ import asyncpg
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from examples.billing.client import BillingClient
-from ledger import FailureKind, Ledger, Status
 from onceflow.drill.intents import INVARIANT as INTENT_INVARIANT
 from onceflow.drill.intents import AppliedCredit, IntentCheck, judge_intents
 from onceflow.drill.points import KillPoint, still_armed
-from onceflow.drill.scenario import REISSUE_CALL, TENANT, WRITE_CALLS, PlannedRun
+from onceflow.drill.scenario import REISSUE_CALL, TENANT, WRITE_CALLS, DrillConfig, PlannedRun
 from onceflow.drill.sends import EVENTS, Reruns, judge_sends, reruns_by_key
-from onceflow.payloads import AgentRunResult
-from workflows.reconcile import reconcile_workflow_id
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import FailureKind, Ledger, Status
+from onceflow.sdk.payloads import AgentRunResult
+from onceflow.workflows.reconcile import reconcile_workflow_id
 
 if TYPE_CHECKING:
     from onceflow.drill.kills import Killer
-    from onceflow.drill.runner import DrillConfig
 
 # Read-only: what the ledger holds for the drill's tenant (the ledger API reads one key at a time).
 _ROWS = """

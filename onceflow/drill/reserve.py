@@ -22,10 +22,10 @@ from pathlib import Path
 
 import asyncpg
 
-from ledger.guards import Guard
 from onceflow.drill.kills import Killer, PointHit
 from onceflow.drill.points import KillPoint, still_armed
 from onceflow.drill.scenario import ORIGINAL_CALL, REISSUE_CALL, TENANT, PlannedRun
+from onceflow.ledger.guards import Guard
 
 _TAKE = "SELECT pg_advisory_lock(hashtextextended($1, 0))"
 _GIVE = "SELECT pg_advisory_unlock(hashtextextended($1, 0))"

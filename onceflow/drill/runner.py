@@ -17,43 +17,30 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
-from examples.billing.client import BillingClient
-from ledger import Ledger
-from onceflow.client import connect, start_run
-from onceflow.config import Settings
-from onceflow.constants import PHASE, UNRESOLVED_KEYS
 from onceflow.drill.kills import Killer
 from onceflow.drill.points import arm, still_armed
 from onceflow.drill.processes import NAMESPACE, TASK_QUEUE, DrillProcesses
 from onceflow.drill.report import DrillReport, RunEnd, collect_report
 from onceflow.drill.reserve import ReserveTrap
-from onceflow.drill.scenario import AGENT, AGENTS_YAML, HANG_SECONDS, TENANT, PlannedRun, plan_runs
-from onceflow.payloads import AgentRunInput, AgentRunResult, Phase
-from workflows.agent_run import AgentRunWorkflow
-from workflows.reconcile import reconcile_workflow_id
+from onceflow.drill.scenario import (
+    AGENT,
+    AGENTS_YAML,
+    HANG_SECONDS,
+    TENANT,
+    DrillConfig,
+    PlannedRun,
+    plan_runs,
+)
+from onceflow.examples.billing.client import BillingClient
+from onceflow.ledger import Ledger
+from onceflow.runtime.client import connect, start_run
+from onceflow.runtime.config import Settings
+from onceflow.runtime.constants import PHASE, UNRESOLVED_KEYS
+from onceflow.sdk.payloads import AgentRunInput, AgentRunResult, Phase
+from onceflow.workflows.agent_run import AgentRunWorkflow
+from onceflow.workflows.reconcile import reconcile_workflow_id
 
 RunHandle = WorkflowHandle[AgentRunWorkflow, AgentRunResult]
-
-
-@dataclass(frozen=True)
-class DrillConfig:
-    runs: int = 200
-    seed: int = 1
-    data_dir: Path = Path(".onceflow/drills")
-    report: Path | None = None
-    workers: int = 2
-    concurrency: int = 8  # runs in flight at once
-    random_kills: bool = True
-    planned_kills: bool = True  # arm the kill points (off: only faults, and random kills if on)
-    kill_interval: tuple[float, float] = (3.0, 10.0)  # seconds between random kills
-    timeout: float = 1800.0  # give up on runs still going this long after the drill started
-    # Tests of the drill only: workers that send a write again after its timeout (sabotage.py).
-    sabotage: bool = False
-    # Tests of the drill only: the credit tool declared with this intent (allow or hold), not reuse.
-    sabotage_intent: str | None = None
-
-    def run_dir(self) -> Path:
-        return self.data_dir.resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{self.seed}-runs{self.runs}"
 
 
 @dataclass

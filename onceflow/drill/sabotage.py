@@ -19,14 +19,14 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import Worker
 
-from activities import all_activities, default_identity
-from activities.tools import ToolActivities
-from onceflow.client import connect
-from onceflow.config import Settings
-from onceflow.payloads import OwnerOutcome
-from onceflow.tools import Tool, ToolContext
-from onceflow.worker import open_agents_and_ledger
-from workflows import ALL_WORKFLOWS
+from onceflow.activities import all_activities, default_identity
+from onceflow.activities.tools import ToolActivities
+from onceflow.runtime.client import connect
+from onceflow.runtime.config import Settings
+from onceflow.runtime.worker import open_agents_and_ledger
+from onceflow.sdk.payloads import OwnerOutcome
+from onceflow.sdk.tools import Tool, ToolContext
+from onceflow.workflows import ALL_WORKFLOWS
 
 log = logging.getLogger("onceflow.drill.sabotage")
 

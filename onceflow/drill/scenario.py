@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from onceflow.drill.points import KillPoint
@@ -128,3 +130,24 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
             run.fault = "locked"
         planned.append(run)
     return planned
+
+
+@dataclass(frozen=True)
+class DrillConfig:
+    runs: int = 200
+    seed: int = 1
+    data_dir: Path = Path(".onceflow/drills")
+    report: Path | None = None
+    workers: int = 2
+    concurrency: int = 8  # runs in flight at once
+    random_kills: bool = True
+    planned_kills: bool = True  # arm the kill points (off: only faults, and random kills if on)
+    kill_interval: tuple[float, float] = (3.0, 10.0)  # seconds between random kills
+    timeout: float = 1800.0  # give up on runs still going this long after the drill started
+    # Tests of the drill only: workers that send a write again after its timeout (sabotage.py).
+    sabotage: bool = False
+    # Tests of the drill only: the credit tool declared with this intent (allow or hold), not reuse.
+    sabotage_intent: str | None = None
+
+    def run_dir(self) -> Path:
+        return self.data_dir.resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{self.seed}-runs{self.runs}"

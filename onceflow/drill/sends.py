@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import FailureKind, Status
+from onceflow.ledger import FailureKind, Status
 
 # Read-only: every event of the tenant's calls, in the order they were written.
 EVENTS = """

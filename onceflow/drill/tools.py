@@ -10,8 +10,6 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from examples.billing.client import BillingClient
-from examples.billing.tools import send_credit
 from onceflow import (
     Guards,
     ReconcileOutcome,
@@ -20,10 +18,12 @@ from onceflow import (
     external,
     read,
 )
-from onceflow.config import env
 from onceflow.drill.points import KillPoint, claim, hold
+from onceflow.examples.billing.client import BillingClient
+from onceflow.examples.billing.tools import send_credit
 from onceflow.models import Model
-from onceflow.payloads import ModelCallInput, ModelTurn
+from onceflow.runtime.config import env
+from onceflow.sdk.payloads import ModelCallInput, ModelTurn
 
 # Short, so that a killed attempt is declared lost soon (activity timeout = tool timeout + 5 s), yet
 # long enough for the runner to see billing holding a request and kill before the tool gives up.

@@ -9,7 +9,9 @@
 
 A tool without annotations therefore is destructive: one attempt. Hints are untrusted by the spec,
 so an `effect` in agents.yaml wins over all of them, and `trust_read_only_hints: false` makes a
-server's readOnlyHint count for nothing.
+server's readOnlyHint count for nothing. readOnlyHint is trusted by default (docs/mcp.md says why);
+the worker that executes a read checks its own class first (activities/tools.py run_read_tool), so a
+correction to `effect: external` also protects runs that started under the old class.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import SideEffect
+from onceflow.ledger import SideEffect
 
 
 @dataclass(frozen=True)

@@ -18,46 +18,21 @@ mcp_servers:
 
 from __future__ import annotations
 
-import os
-import re
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ledger import SideEffect
-from onceflow.tools import Guards
+from onceflow.ledger import SideEffect
+from onceflow.sdk.durations import PositiveDuration
+from onceflow.sdk.tools import Guards
+from onceflow.sdk.variables import UnsetVariableError
 
-_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_MCP_TIMEOUT = timedelta(seconds=10)
 
-
-class McpConfigError(ValueError):
-    """An MCP server's configuration cannot be used as written (e.g. an unset ${VAR})."""
-
-
-def _duration(value: Any) -> timedelta:
-    # Imported here: onceflow.agents imports this module to validate agents.yaml.
-    from onceflow.agents import parse_duration
-
-    duration = parse_duration(value)
-    if duration <= timedelta(0):
-        raise ValueError("must be positive")
-    return duration
-
-
-def expand_variables(value: str, where: str) -> str:
-    """Replace each ${VAR} with the environment's value; an unset variable is an error naming it."""
-
-    def substitute(match: re.Match[str]) -> str:
-        name = match.group(1)
-        found = os.environ.get(name)
-        if found is None:
-            raise McpConfigError(f"{where} uses ${{{name}}}, which is not set in the environment")
-        return found
-
-    return _VARIABLE.sub(substitute, value)
+# The one way an MCP server's configuration fails when it is used: a ${VAR} the environment lacks.
+McpConfigError = UnsetVariableError
 
 
 class McpGuardsConfig(BaseModel):
@@ -112,7 +87,7 @@ class McpToolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     effect: Literal["read", "write", "external", "destructive"] | None = None
-    timeout: timedelta | None = None
+    timeout: PositiveDuration | None = None
     approval: bool = False
     # A read tool of the same server that the reconciler calls with the call's key (see docs/mcp.md).
     reconcile: str | None = None
@@ -120,12 +95,7 @@ class McpToolConfig(BaseModel):
     guards: McpGuardsConfig | None = None
     # How long the server honours a repeated key: within it, an unknown call may be settled by
     # sending it again with the same key (docs/reliability.md). Must exceed the tool's timeout.
-    dedup_window: timedelta | None = None
-
-    @field_validator("timeout", "dedup_window", mode="before")
-    @classmethod
-    def _timeout(cls, value: Any) -> timedelta | None:
-        return None if value is None else _duration(value)
+    dedup_window: PositiveDuration | None = None
 
     @property
     def side_effect(self) -> SideEffect | None:
@@ -148,13 +118,8 @@ class McpServerConfig(BaseModel):
     # Hints are untrusted by the spec. false: a readOnlyHint is ignored, so every tool without an
     # `effect` override gets one attempt.
     trust_read_only_hints: bool = True
-    timeout: timedelta = DEFAULT_MCP_TIMEOUT
-    connect_timeout: timedelta = Field(default=timedelta(seconds=15))
-
-    @field_validator("timeout", "connect_timeout", mode="before")
-    @classmethod
-    def _durations(cls, value: Any) -> timedelta:
-        return _duration(value)
+    timeout: PositiveDuration = DEFAULT_MCP_TIMEOUT
+    connect_timeout: PositiveDuration = timedelta(seconds=15)
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

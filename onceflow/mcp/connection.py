@@ -16,7 +16,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from onceflow.mcp.config import McpConfigError, McpServerConfig, expand_variables
+from onceflow.mcp.config import McpConfigError, McpServerConfig
+from onceflow.sdk.variables import expand_variables
 
 if TYPE_CHECKING:
     from mcp import Client

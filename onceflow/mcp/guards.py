@@ -3,16 +3,16 @@
 The ledger reads a guarded call's entity and amount from its arguments, so both must be arguments
 the tool's input schema declares and requires, of a type that can name an entity or count money.
 Where `limit_from` points is checked per agent, once every toolset's tools are known
-(onceflow.guard_sources).
+(onceflow.sdk.guard_sources).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ledger import SideEffect
-from onceflow.guard_sources import schema_arguments
-from onceflow.tools import Guards
+from onceflow.ledger import SideEffect
+from onceflow.sdk.guard_sources import schema_arguments
+from onceflow.sdk.tools import Guards
 
 # JSON Schema types that can carry each guarded argument.
 _ENTITY_TYPES = {"string", "integer", "number"}

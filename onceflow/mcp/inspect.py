@@ -17,19 +17,19 @@ from typing import Annotated, Any
 
 import typer
 
-from onceflow.config import env
-from onceflow.tools import Guards
+from onceflow.runtime.config import env
+from onceflow.sdk.tools import Guards
 
 mcp_app = typer.Typer(no_args_is_help=True, help="MCP servers declared in agents.yaml.")
 
 
 async def inspect_server(agents_path: str, server: str) -> dict[str, Any]:
     """Start `server`, list and classify its tools, stop it. Raises LookupError if not declared."""
-    from onceflow.agents import load_agents
     from onceflow.mcp.connection import McpConnection
     from onceflow.mcp.runtime import plan_server
     from onceflow.mcp.tools import make_tool
-    from onceflow.testing import tool_contract_problems
+    from onceflow.runtime.agents import load_agents
+    from onceflow.sdk.testing import tool_contract_problems
 
     registry = load_agents(agents_path)
     if server not in registry.mcp_servers:
@@ -117,8 +117,8 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Start one MCP server, list its tools and print the class each would get, and why."""
-    from onceflow.agents import AgentConfigError
     from onceflow.mcp.connection import McpUnavailableError
+    from onceflow.runtime.agents import AgentConfigError
 
     path = str(agents) if agents else env("ONCEFLOW_AGENTS")
     try:

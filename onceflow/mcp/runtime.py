@@ -15,16 +15,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger import SideEffect
-from onceflow.agents import AgentConfigError, AgentRegistry
-from onceflow.guard_sources import limit_source_problems
+from onceflow.ledger import SideEffect
 from onceflow.mcp.classify import Classification, Hints, classify
 from onceflow.mcp.config import McpConfigError, McpServerConfig
 from onceflow.mcp.connection import McpConnection, McpUnavailableError
 from onceflow.mcp.guards import tool_guard_problems
 from onceflow.mcp.tools import LOOKUP_KEY_ARGUMENT, McpTool, make_tool
-from onceflow.testing import tool_contract_problems
-from onceflow.tools import Effect, Guards, destructive, external, read, write
+from onceflow.runtime.agents import AgentConfigError, AgentRegistry
+from onceflow.sdk.guard_sources import limit_source_problems
+from onceflow.sdk.testing import tool_contract_problems
+from onceflow.sdk.tools import Effect, Guards, destructive, external, read, write
 
 log = logging.getLogger("onceflow.mcp")
 

@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from onceflow.mcp.classify import Classification
 from onceflow.mcp.connection import McpConnection, McpUnavailableError
-from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY
-from onceflow.tools import (
+from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY, WRITE_KEY_META_KEY
+from onceflow.sdk.keys import lookup_key
+from onceflow.sdk.tools import (
     REPLACES_ARGUMENT,
     Effect,
     Guards,
@@ -116,7 +117,7 @@ class McpTool(Tool):
     def json_schema(self) -> dict[str, Any]:
         parameters = self.input_schema
         if self.guards.replaceable:
-            # The `replaces` argument as every replaceable tool describes it (see onceflow.tools).
+            # The `replaces` argument as every replaceable tool describes it (see onceflow.sdk.tools).
             described = super().json_schema()["parameters"]["properties"][REPLACES_ARGUMENT]
             properties = {**(parameters.get("properties") or {}), REPLACES_ARGUMENT: described}
             parameters = {**parameters, "properties": properties}
@@ -149,15 +150,23 @@ async def _session(connection: McpConnection, *, check: bool) -> Any:
         raise ToolNotAttemptedError(f"no session with MCP server {connection.name!r} in time") from None
 
 
+def request_meta(key: str, for_key: str | None = None) -> dict[str, str]:
+    """A request's `_meta`: its own key, and the write's when it is made for one (onceflow.mcp.meta)."""
+    meta = {IDEMPOTENCY_META_KEY: key}
+    if for_key is not None:
+        meta[WRITE_KEY_META_KEY] = for_key
+    return meta
+
+
 async def send(
-    connection: McpConnection, tool: str, arguments: dict[str, Any], key: str, *, check: bool
+    connection: McpConnection, tool: str, arguments: dict[str, Any], meta: dict[str, str], *, check: bool
 ) -> Any:
-    """One `tools/call` carrying `key` in `_meta`; raises as the module docstring says."""
+    """One `tools/call` carrying `meta` (see `request_meta`); raises as the module docstring says."""
     from mcp import MCPError
 
     client = await _session(connection, check=check)
     try:
-        result = await connection.call_tool(client, tool, arguments, {IDEMPOTENCY_META_KEY: key})
+        result = await connection.call_tool(client, tool, arguments, meta)
     except MCPError as exc:
         if exc.code in _REFUSED_CODES:
             raise ToolRejectedError(f"{connection.name} refused {tool}: {exc.message}") from exc
@@ -191,7 +200,8 @@ def make_tool(
 
     async def call(arguments: dict[str, Any], context: ToolContext) -> Any:
         # A write checks the session first, so "could not connect" is known to be "not sent".
-        result = await send(connection, remote, arguments, context.idempotency_key, check=changes_the_world)
+        meta = request_meta(context.idempotency_key, context.for_key)
+        result = await send(connection, remote, arguments, meta, check=changes_the_world)
         if result.is_error:
             if is_policy_refusal(result):
                 raise ToolRefusedError(result_text(result)[:2000])
@@ -202,7 +212,9 @@ def make_tool(
         assert lookup is not None
         key_argument = {LOOKUP_KEY_ARGUMENT: context.idempotency_key}
         try:
-            result = await send(connection, lookup, key_argument, context.idempotency_key, check=False)
+            # The lookup's own key in `_meta`; the write's key is its argument and its write-key.
+            meta = request_meta(lookup_key(context.idempotency_key), context.idempotency_key)
+            result = await send(connection, lookup, key_argument, meta, check=False)
         except (ToolNotAttemptedError, ToolRejectedError, McpCallError) as exc:
             return ReconcileOutcome.unknown(source=f"mcp {connection.name}.{lookup}", lookup_error=str(exc))
         return lookup_outcome(result, f"mcp {connection.name}.{lookup}")

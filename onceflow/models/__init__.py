@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from onceflow.payloads import ModelCallInput, ModelTurn
+from onceflow.sdk.payloads import ModelCallInput, ModelTurn
 
 
 class Model(Protocol):
     """One turn: the conversation so far in, tool calls or a final answer out.
 
     A provider puts its own tool call id in `ToolCall.id` ("" when it sent none); the workflow
-    mints the run's ids from them (onceflow/keys.py). Failures are raised as
+    mints the run's ids from them (onceflow/sdk/keys.py). Failures are raised as
     `temporalio.exceptions.ApplicationError`, retryable or not (onceflow/models/errors.py).
     """
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from onceflow.ledger.canonical import uncarried
 from onceflow.models.errors import status_error, transport_error, unreadable_answer
-from onceflow.payloads import Message, ModelCallInput, ModelTurn, TokenUsage, ToolCall
+from onceflow.sdk.payloads import Message, ModelCallInput, ModelTurn, TokenUsage, ToolCall
 
 if TYPE_CHECKING:
     from onceflow.models.config import AnthropicConfig
@@ -160,8 +161,11 @@ class AnthropicMessagesModel:
             if block.type == "text":
                 texts.append(block.text)
             elif block.type == "tool_use":
-                arguments = block.input if isinstance(block.input, dict) else {}
-                invalid = None if isinstance(block.input, dict) else json.dumps(block.input)
+                # Not an object, or one with NaN or Infinity in it (the SDK's parser lets them through;
+                # the data converter would quietly turn them into null): refused, the model told.
+                usable = isinstance(block.input, dict) and uncarried(block.input, integers=False) is None
+                arguments = block.input if usable else {}
+                invalid = None if usable else json.dumps(block.input)
                 calls.append(
                     ToolCall(
                         id=block.id or "", name=block.name, arguments=arguments, invalid_arguments=invalid

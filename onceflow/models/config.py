@@ -25,22 +25,14 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from onceflow.models import Model
 from onceflow.models.scripted import ScriptedModel, ScriptTurn
-from onceflow.payloads import ModelSpec
+from onceflow.sdk.durations import PositiveDuration
+from onceflow.sdk.payloads import ModelSpec
+from onceflow.sdk.variables import UnsetVariableError, expand_variables, malformed_references, references
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ENV_REFERENCE = re.compile(r"\$\{([^}]*)\}")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 # What the SDKs are sent when the server takes no key: they refuse to build a client without one.
 KEYLESS_PLACEHOLDER = "no-key"
-
-
-def _seconds(value: Any) -> timedelta:
-    from onceflow.agents import parse_duration  # agents.py imports this module; keep the cycle lazy
-
-    duration = parse_duration(value)
-    if duration <= timedelta(0):
-        raise ValueError("must be positive")
-    return duration
 
 
 def resolve_model_wrapper(target: str) -> Callable[[Model], Model]:
@@ -105,17 +97,12 @@ class _ProviderConfig(_Common):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_output_tokens: int | None = Field(default=None, gt=0)
     # One HTTP request to the provider; then the attempt fails as a timeout and is retried.
-    request_timeout: timedelta = timedelta(seconds=60)
+    request_timeout: PositiveDuration = timedelta(seconds=60)
     # Every attempt of one model call together, back-offs included; then the run fails.
-    retry_budget: timedelta = timedelta(minutes=10)
+    retry_budget: PositiveDuration = timedelta(minutes=10)
     extra_headers: dict[str, str] = {}
 
     sdk: ClassVar[str]  # the package the provider's module imports
-
-    @field_validator("request_timeout", "retry_budget", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> timedelta:
-        return _seconds(value)
 
     @field_validator("base_url")
     @classmethod
@@ -137,9 +124,9 @@ class _ProviderConfig(_Common):
         for name, text in value.items():
             if not _HEADER_NAME.match(name):
                 raise ValueError(f"{name!r} is not an HTTP header name")
-            for reference in _ENV_REFERENCE.findall(text):
-                if not _ENV_NAME.match(reference):
-                    raise ValueError(f"header {name!r}: ${{{reference}}} is not an environment variable name")
+            malformed = malformed_references(text)
+            if malformed:
+                raise ValueError(f"header {name!r}: ${{{malformed[0]}}} is not an environment variable name")
         return value
 
     @model_validator(mode="after")
@@ -161,10 +148,11 @@ class _ProviderConfig(_Common):
                 f"model.api_key_env: the environment variable {self.api_key_env} is not set "
                 "(set it to the provider's API key, or use api_key_env: null for a server without keys)"
             )
-        for name, text in self.extra_headers.items():
-            missing = [ref for ref in _ENV_REFERENCE.findall(text) if ref not in os.environ]
-            if missing:
-                problems.append(f"model.extra_headers.{name}: ${{{missing[0]}}} is not set")
+        for name in self.extra_headers:
+            try:
+                self._header(name)
+            except UnsetVariableError as unset:
+                problems.append(str(unset))
         return problems
 
     def api_key(self) -> str:
@@ -176,17 +164,17 @@ class _ProviderConfig(_Common):
             raise RuntimeError(f"the environment variable {self.api_key_env} is not set")
         return key
 
+    def _header(self, name: str) -> str:
+        return expand_variables(self.extra_headers[name], f"model.extra_headers.{name}")
+
     def headers(self) -> dict[str, str]:
-        return {
-            name: _ENV_REFERENCE.sub(lambda m: os.environ[m.group(1)], text)
-            for name, text in self.extra_headers.items()
-        }
+        return {name: self._header(name) for name in self.extra_headers}
 
     def secrets(self) -> list[str]:
         """Everything read from the environment, so that error messages can be scrubbed of it."""
         found = [] if self.api_key_env is None else [self.api_key()]
         for text in self.extra_headers.values():
-            found += [os.environ.get(ref, "") for ref in _ENV_REFERENCE.findall(text)]
+            found += [os.environ.get(name, "") for name in references(text)]
         return [value for value in found if value]
 
     def spec(self) -> ModelSpec:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from onceflow.ledger.canonical import strict_loads
 from onceflow.models.errors import status_error, transport_error, unreadable_answer
-from onceflow.payloads import Message, ModelCallInput, ModelTurn, TokenUsage, ToolCall
+from onceflow.sdk.payloads import Message, ModelCallInput, ModelTurn, TokenUsage, ToolCall
 
 if TYPE_CHECKING:
     from onceflow.models.config import OpenAIConfig
@@ -81,7 +82,7 @@ def parse_arguments(text: str | None) -> tuple[dict[str, Any], str | None]:
     if text is None or not text.strip():
         return {}, None
     try:
-        value = json.loads(text)
+        value = strict_loads(text)  # NaN, Infinity and 1e999 are not JSON: refused, not kept as null
     except ValueError:
         return {}, text
     if not isinstance(value, dict):

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from onceflow.payloads import Message, ModelCallInput, ModelTurn, ToolCall
+from onceflow.sdk.payloads import Message, ModelCallInput, ModelTurn, ToolCall
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z0-9_.\-]+)\s*\}\}")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from onceflow.agents import Agent, AgentConfig, AgentRegistry
 from onceflow.models.config import ScriptedConfig
+from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
 from tests.support.downstream import toolset
 from tests.support.models import FlakyModel
 

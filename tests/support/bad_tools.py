@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from ledger import SideEffect
 from onceflow import Effect, ToolContext, Toolset, write
+from onceflow.ledger import SideEffect
 
 retried_write = Toolset("retried-write")
 

@@ -13,15 +13,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from examples.billing.client import BillingClient
-from examples.billing.tools import find_credit, send_credit
 from onceflow import (
     ToolContext,
     Toolset,
     external,
     read,
 )
-from onceflow.config import env
+from onceflow.examples.billing.client import BillingClient
+from onceflow.examples.billing.tools import find_credit, send_credit
+from onceflow.runtime.config import env
 
 MARKERS_ENV = "ONCEFLOW_TEST_MARKERS"
 # Short, so that the activity timeouts after a kill (tool timeout + margin) pass quickly.

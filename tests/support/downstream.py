@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ledger import ToolExecutionRecord
 from onceflow import (
     Guards,
     ReconcileOutcome,
@@ -22,6 +21,7 @@ from onceflow import (
     external,
     read,
 )
+from onceflow.ledger import ToolExecutionRecord
 
 
 @dataclass

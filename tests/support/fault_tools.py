@@ -18,8 +18,8 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any
 
-from examples.billing.tools import find_credit
 from onceflow import ToolContext, Toolset, external, read
+from onceflow.examples.billing.tools import find_credit
 from tests.support import billing_tools
 
 TOOL_TIMEOUT = billing_tools.TOOL_TIMEOUT

@@ -7,7 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from ledger import CallIdentity, Guard, Ledger, ReserveResult, SideEffect
+from onceflow.ledger import CallIdentity, Guard, Ledger, ReserveResult, SideEffect
 
 REFUND = "issue_refund"
 

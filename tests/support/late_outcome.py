@@ -10,7 +10,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel
 
-    from onceflow.payloads import OwnerOutcome, ToolOutcome
+    from onceflow.sdk.payloads import OwnerOutcome, ToolOutcome
 
 
 class LateOutcomeInput(BaseModel):

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from examples.billing_mcp import requests_received
+from onceflow.examples.billing_mcp import requests_received
 from tests.support.processes import free_port
 
 # Per-account faults of every server the tests start (see examples/billing_mcp/server.py).
@@ -62,7 +62,7 @@ def stdio_server(directory: Path, name: str, **extra: Any) -> dict[str, Any]:
         "command": sys.executable,
         "args": [
             "-m",
-            "examples.billing_mcp",
+            "onceflow.examples.billing_mcp",
             "--db",
             str(directory / f"{name}.db"),
             "--pid-file",
@@ -133,7 +133,7 @@ class HttpBillingServer:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "BILLING_MCP_TOKEN": self.token, "BILLING_MCP_FAULTS": json.dumps(FAULTS)}
-        command = [sys.executable, "-m", "examples.billing_mcp", "--db", str(self.db), "--http"]
+        command = [sys.executable, "-m", "onceflow.examples.billing_mcp", "--db", str(self.db), "--http"]
         with (self.directory / "http.log").open("ab") as log:
             return subprocess.Popen(
                 [*command, "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT, env=env

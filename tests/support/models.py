@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from onceflow.models import ScriptedModel, ScriptTurn
-from onceflow.payloads import ModelCallInput, ModelTurn, ToolCall
+from onceflow.sdk.payloads import ModelCallInput, ModelTurn, ToolCall
 
 
 class ModelUnavailableError(ConnectionError):

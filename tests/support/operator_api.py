@@ -13,9 +13,9 @@ import httpx
 import uvicorn
 from temporalio.client import Client
 
-from ledger import Ledger, OperatorTokens
-from onceflow.agents import AgentRegistry
 from onceflow.api.app import create_app
+from onceflow.ledger import Ledger, OperatorTokens
+from onceflow.runtime.agents import AgentRegistry
 from tests.support.processes import free_port
 from tests.workflow_harness import Harness, running_worker
 

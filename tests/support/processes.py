@@ -74,7 +74,16 @@ async def start_billing_service(processes: ChildProcesses, db: Path, *, dedup: b
     `dedup=False` starts it with `--no-dedup`: it honours no idempotency key.
     """
     port = free_port()
-    args = ["-m", "examples.billing.service", "--port", str(port), "--db", str(db), "--log-level", "warning"]
+    args = [
+        "-m",
+        "onceflow.examples.billing.service",
+        "--port",
+        str(port),
+        "--db",
+        str(db),
+        "--log-level",
+        "warning",
+    ]
     process = processes.start("billing", [*args] + ([] if dedup else ["--no-dedup"]), dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=url, timeout=1) as http:

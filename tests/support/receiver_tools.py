@@ -6,17 +6,34 @@ billing's answers). A test scripts how billing misbehaves for each request of on
 `FAULTS_BY_KEY[key] = ["apply_then_hang", None, ...]`: the n-th request under the key meets the
 n-th fault, set on its account for that one request (None: none). The worker runs in the test's process, so the
 list is shared.
+
+Besides billing's own fault modes, a request may meet one of these, played by the tool:
+- `other_body`: sent with one cent more, so billing answers that the key was used with another body;
+- `in_progress`: answered "request in progress" without reaching billing (what a receiver that locks
+  a key while its first request runs says);
+- `fenced`: the key is fenced at billing first (as a reconcile hook would), so billing answers that
+  it has no credit for the key and never will;
+- `on_the_wire`: the request never gets an answer (and never reaches billing) within the timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
-from examples.billing.client import BillingClient
-from examples.billing.tools import send_credit
-from onceflow import ReconcileOutcome, ToolContext, ToolRefusedError, Toolset, external, read
-from onceflow.config import env
+from onceflow import (
+    ReconcileOutcome,
+    ToolContext,
+    ToolRefusedError,
+    ToolRejectedError,
+    Toolset,
+    external,
+    read,
+)
+from onceflow.examples.billing.client import BillingClient
+from onceflow.examples.billing.tools import send_credit
+from onceflow.runtime.config import env
 
 TOOL_TIMEOUT = timedelta(seconds=1)
 # How long the billing service behind these tools honours a key (it keeps keys for good, so a day
@@ -36,7 +53,17 @@ toolset = Toolset("receiver-billing")
 async def _credit(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
     script = FAULTS_BY_KEY.get(context.idempotency_key)
     fault = script.pop(0) if script else None
+    if fault == "in_progress":
+        raise ToolRejectedError(f"a request with key {context.idempotency_key!r} is in progress")
+    if fault == "on_the_wire":
+        await asyncio.sleep(HANG_SECONDS)
     async with BillingClient(env("ONCEFLOW_BILLING_URL"), timeout=TOOL_TIMEOUT.total_seconds() + 1) as client:
+        if fault == "other_body":
+            await client.clear_account_fault(account_id)
+            return await send_credit(client, account_id, amount_cents + 1, context.idempotency_key)
+        if fault == "fenced":
+            await client.fence_key(context.idempotency_key)
+            fault = None
         # An account fault for exactly this request (each test uses an account of its own), so the
         # credit itself goes through the example's send_credit and its mapping of billing's answers.
         if fault is None:

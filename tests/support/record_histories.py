@@ -28,18 +28,18 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from ledger import Ledger, Status, migrate
-from onceflow.constants import SEARCH_ATTRIBUTES
-from onceflow.payloads import Phase, ResolveSignal
-from onceflow.postgres import EmbeddedPostgres, create_database
-from onceflow.telemetry import tracing_interceptor
+from onceflow.ledger import Ledger, Status, migrate
+from onceflow.local.postgres import EmbeddedPostgres, create_database
+from onceflow.runtime.constants import SEARCH_ATTRIBUTES
+from onceflow.runtime.telemetry import tracing_interceptor
+from onceflow.sdk.payloads import Phase, ResolveSignal
+from onceflow.workflows.agent_run import AgentRunWorkflow
+from onceflow.workflows.reconcile import reconcile_workflow_id
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM
 from tests.support.operator_api import OperatorApi, serving_api
 from tests.support.processes import REPO
 from tests.support.servers import _temporal_cli
-from workflows.agent_run import AgentRunWorkflow
-from workflows.reconcile import reconcile_workflow_id
 
 HISTORIES = REPO / "tests" / "histories"
 WAIT = 30.0

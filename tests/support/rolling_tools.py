@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from examples.billing.client import BillingClient
-from examples.billing.tools import find_credit, send_credit
 from onceflow import ToolContext, Toolset, external, read
-from onceflow.config import env
+from onceflow.examples.billing.client import BillingClient
+from onceflow.examples.billing.tools import find_credit, send_credit
+from onceflow.runtime.config import env
 
 # Long enough to start a new worker process and SIGTERM the old one while a credit is held.
 CREDIT_TIMEOUT = timedelta(seconds=20)

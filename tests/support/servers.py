@@ -22,8 +22,8 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from onceflow.client import search_attribute_flags
-from onceflow.postgres import EmbeddedPostgres
+from onceflow.local.postgres import EmbeddedPostgres
+from onceflow.runtime.client import search_attribute_flags
 from tests.support.processes import free_port
 
 

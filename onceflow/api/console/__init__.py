@@ -7,14 +7,14 @@ style sheet is served from here, and there is no script.
 
 from __future__ import annotations
 
-from onceflow.extras import require_extra
+from onceflow.local.extras import require_extra
 
 require_extra("api", "fastapi", "jinja2", "multipart")
 
 from fastapi import FastAPI  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 
-from onceflow.config import env  # noqa: E402
+from onceflow.runtime.config import env  # noqa: E402
 
 
 def install_console(app: FastAPI, *, namespace: str, temporal_ui: str | None = None) -> None:

@@ -19,7 +19,7 @@ from urllib.parse import quote
 import httpx
 from fastapi import FastAPI
 
-from ledger import Ledger, queries
+from onceflow.ledger import Ledger, queries
 
 
 @dataclass

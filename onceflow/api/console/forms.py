@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fastapi import Request, Response
 
-from ledger import OperatorToken, OperatorTokens
+from onceflow.ledger import OperatorToken, OperatorTokens
 
 SESSION_COOKIE = "onceflow_console"
 SIGN_IN_COOKIE = "onceflow_console_sign_in"

@@ -7,12 +7,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from activities.compensation import COMPENSATION_SUFFIX
-from ledger import OperatorTokens
+from onceflow.activities.compensation import COMPENSATION_SUFFIX
 from onceflow.api.console import forms
 from onceflow.api.console.calls import OperatorCalls, count_queue
 from onceflow.api.console.rendering import redirect, render
-from workflows.compensation import compensation_workflow_id
+from onceflow.ledger import OperatorTokens
+from onceflow.workflows.compensation import compensation_workflow_id
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 

@@ -1,0 +1,189 @@
+"""Building and running a onceflow worker: ledger, agents, activities, workflows, tracing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import asyncpg
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from onceflow.activities import all_activities, default_identity
+from onceflow.ledger import Ledger, LedgerError, migrate
+from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_models, load_agents
+from onceflow.runtime.client import connect, ensure_search_attributes
+from onceflow.runtime.config import Settings
+from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
+from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
+from onceflow.runtime.shutdown import ShutdownGraceError, shutdown_grace
+from onceflow.workflows import ALL_WORKFLOWS
+
+if TYPE_CHECKING:
+    from onceflow.mcp.runtime import McpToolsets
+
+log = logging.getLogger("onceflow.runtime.worker")
+
+
+def build_worker(
+    client: Client,
+    ledger: Ledger,
+    registry: AgentRegistry,
+    *,
+    task_queue: str,
+    identity: str | None = None,
+    shutdown_grace: timedelta = timedelta(),
+) -> Worker:
+    identity = identity or default_identity()
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=ALL_WORKFLOWS,
+        activities=all_activities(ledger, registry, identity),
+        identity=identity,
+        # After shutdown() (SIGTERM) polling stops at once; running activities get this long.
+        # In-process workers (tests, benchmarks) keep 0: cancel at once. run_worker passes the grace.
+        graceful_shutdown_timeout=shutdown_grace,
+    )
+
+
+async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[AgentRegistry, Ledger]:
+    """What the worker and the API check before serving: agents.yaml loads and the ledger answers
+    (migrated). Anything wrong ends the process with a message naming it."""
+    if not settings.database_url:
+        raise SystemExit(f"ONCEFLOW_DATABASE_URL is not set: the {process} needs the ledger database")
+    try:
+        registry = load_agents(settings.agents_path)
+        if process == "worker":  # only the worker talks to models; the API needs no keys
+            for note in check_models(registry, settings.agents_enabled):
+                log.warning("%s", note)
+    except AgentConfigError as exc:
+        raise SystemExit(f"cannot start the {process}: {exc}") from exc
+    try:
+        await migrate(settings.database_url)
+        ledger = await Ledger.connect(settings.database_url)
+    except (OSError, LedgerError, asyncpg.PostgresError) as exc:
+        raise SystemExit(f"cannot reach the ledger database: {exc}") from exc
+    return registry, ledger
+
+
+def check_configuration(settings: Settings) -> tuple[str | None, str]:
+    """(problem, summary) for `onceflow worker --check`: what the worker checks before it needs
+    Temporal or the database. The agents file loads, its toolsets import and every tool keeps the
+    contract (load_agents runs the contract check)."""
+    try:
+        registry = load_agents(settings.agents_path)
+    except AgentConfigError as exc:
+        return f"cannot start the worker: {exc}", ""
+    tools = registry.all_tools()
+    agents = ", ".join(sorted(registry.agents))
+    summary = (
+        f"{settings.agents_path}: {len(registry.agents)} agent(s) ({agents}), "
+        f"{len(tools)} tool(s), all keep the tool contract"
+    )
+    return None, summary
+
+
+async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
+    registry, ledger = await open_agents_and_ledger(settings, "worker")
+    mcp_servers: McpToolsets | None = None
+    try:
+        mcp_servers = await _start_mcp_servers(registry)
+        try:
+            grace = shutdown_grace(registry, settings.shutdown_grace)
+        except ShutdownGraceError as exc:
+            raise SystemExit(f"cannot start the worker: {exc}") from exc
+        configure_metrics("onceflow-worker", serve_prometheus=True)
+        client = await connect(settings, runtime=temporal_runtime())
+        added = await ensure_search_attributes(client)
+        if added:
+            log.info("registered search attributes: %s", ", ".join(added))
+        stop = stop or _stop_on_signals()
+        worker = build_worker(client, ledger, registry, task_queue=settings.task_queue, shutdown_grace=grace)
+        agents = ", ".join(sorted(registry.agents))
+        async with worker:
+            log.info(
+                "worker on %s polling task queue %s; agents: %s; shutdown grace %gs",
+                settings.temporal_address,
+                settings.task_queue,
+                agents,
+                grace.total_seconds(),
+            )
+            heartbeat = _start_heartbeat(settings, client, ledger, worker)
+            try:
+                await stop.wait()
+            finally:
+                if heartbeat is not None:
+                    heartbeat.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await heartbeat
+            log.info(
+                "stopping: no new tasks; in-flight activities have up to %gs to finish",
+                grace.total_seconds(),
+            )
+        log.info("worker stopped")
+    finally:
+        # Only now: activities finishing during the grace still record their outcomes.
+        if mcp_servers is not None:
+            await mcp_servers.aclose()
+        await ledger.close()
+
+
+def _start_heartbeat(
+    settings: Settings, client: Client, ledger: Ledger, worker: Worker
+) -> asyncio.Task[None] | None:
+    """The heartbeat `onceflow health` reads, when ONCEFLOW_HEALTH_FILE names a file."""
+    if not settings.health_file:
+        return None
+    # A heartbeat left by an earlier run of this container must not vouch for this one.
+    path = Path(settings.health_file)
+    remove_heartbeat(path)
+    check = functools.partial(probe, client, ledger, worker)
+    return asyncio.create_task(keep_heartbeat(path, check))
+
+
+async def _start_mcp_servers(registry: AgentRegistry) -> McpToolsets | None:
+    """Start the MCP servers agents.yaml declares and list their tools; a failure ends the process."""
+    if not registry.mcp_servers:
+        return None
+    from onceflow.mcp.runtime import McpStartupError, start_mcp_toolsets
+
+    try:
+        servers = await start_mcp_toolsets(registry)
+    except (McpStartupError, AgentConfigError) as exc:
+        raise SystemExit(f"cannot start the worker: {exc}") from exc
+    log.info("MCP servers: %s", ", ".join(sorted(registry.mcp_servers)))
+    return servers
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def asked(sig: signal.Signals) -> None:
+        if stop.is_set():
+            log.info("%s again: already stopping, still waiting for in-flight activities", sig.name)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, asked, sig)
+    return stop
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    asyncio.run(run_worker(Settings.from_env()))
+
+
+if __name__ == "__main__":
+    main()

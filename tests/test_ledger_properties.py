@@ -29,9 +29,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from ledger import (
+from onceflow.ledger import (
     AlreadySettledError,
     CallIdentity,
+    EventSource,
     ConflictNotOpenError,
     FailureKind,
     Guard,
@@ -43,7 +44,7 @@ from ledger import (
     Status,
     purge_settled,
 )
-from onceflow.postgres import create_database, drop_database
+from onceflow.local.postgres import create_database, drop_database
 from tests.conftest import TEMPLATE
 from tests.support import ledger_invariants as inv
 from tests.support.loop_thread import LoopThread
@@ -55,6 +56,7 @@ WORKERS = ("w1", "w2", "w3")
 OPERATORS = ("operator:alice", "operator:bob")
 EVIDENCE = {"checked": "the receiver's records"}
 SHORT, LONG = timedelta(milliseconds=1), timedelta(hours=1)
+RESEND_SHORT, RESEND_LONG = timedelta(milliseconds=200), timedelta(minutes=5)
 
 # How a guarded call is reserved: the intent rule, what the model had heard, entity and budget.
 GUARDS = st.fixed_dictionaries(
@@ -71,7 +73,7 @@ GUARDS = st.fixed_dictionaries(
 
 settings.register_profile(
     "default-properties",
-    max_examples=40,
+    max_examples=30,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -316,12 +318,25 @@ class LedgerMachine(RuleBasedStateMachine):
         except ConflictNotOpenError:
             pass
 
-    @rule(index=st.integers(0, 50), inside=st.booleans())
-    def reconciler_resends(self, index: int, inside: bool) -> None:
-        window, lead = (timedelta(hours=24), timedelta(minutes=1)) if inside else (timedelta(seconds=1), timedelta(seconds=1))
+    @rule(index=st.integers(0, 50), inside=st.booleans(), lead=st.sampled_from((RESEND_SHORT, RESEND_LONG)))
+    def reconciler_resends(self, index: int, inside: bool, lead: timedelta) -> None:
+        """A resend inside the receiver's dedup window (24 h) or outside it (a window shorter than the
+        lead). An allowed one is leased for `lead`: meanwhile no operator decision may land."""
+        window = timedelta(hours=24) if inside else lead / 2
         key = self.pick(index)
         if key is not None:
             self.run(self.pools[1].begin_resend(key, window=window, lead=lead))
+
+    @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)))
+    def resend_answered(self, index: int, status: Status) -> None:
+        """The receiver answered a resend: the reconciler settles the call (allowed during the lease)."""
+        key = self.pick(index)
+        if key is None:
+            return
+        coro = self.pools[1].settle(
+            key, **inv.settlement("reconciler", status, key), source=EventSource.RECONCILER
+        )
+        self.model.note_decision(key, "reconciler", self.run(inv.attempt(coro)))
 
     # -- retention and budgets -------------------------------------------------------------------
 

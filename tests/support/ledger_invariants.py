@@ -5,15 +5,16 @@ model heard when a call was sent, and what purged calls had drawn on the budget.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import asyncpg
 
-from ledger import InvalidTransitionError, Ledger, Status, queries
+from onceflow.ledger import AlreadySettledError, EventSource, InvalidTransitionError, Ledger, Status, queries
 
 GUARDED_TOOL = "issue_credit"
 ENTITY = "acct_1"
@@ -34,8 +35,6 @@ class Model:
 
     def note_decision(self, key: str, actor: str, outcome: Any) -> None:
         """A refused decision names who decided instead (an AlreadySettledError never says nobody)."""
-        from ledger import AlreadySettledError
-
         if isinstance(outcome, AlreadySettledError):
             assert outcome.settled_by, f"{actor} was refused on {key} without naming the winner"
 
@@ -105,6 +104,13 @@ async def age_everything(dsn: str, by: timedelta) -> None:
             )
             await conn.execute("ALTER TABLE tool_execution_events DISABLE TRIGGER tool_execution_events_append_only")
             await conn.execute("UPDATE tool_execution_events SET at = at - $1::interval", by)
+            # A resend's lease is a time in its detail: it moves with the event.
+            await conn.execute(
+                "UPDATE tool_execution_events SET detail = jsonb_set(detail, '{on_the_wire_until}',"
+                " to_jsonb((detail->>'on_the_wire_until')::timestamptz - $1::interval))"
+                " WHERE kind = 'resend' AND detail ? 'on_the_wire_until'",
+                by,
+            )
             await conn.execute("ALTER TABLE tool_execution_events ENABLE TRIGGER tool_execution_events_append_only")
     finally:
         await conn.close()
@@ -149,6 +155,7 @@ async def check(ledger: Ledger, model: Model) -> None:
         by_key[event["key"]].append(event)
     _append_only(events, model)
     for key, row in rows.items():
+        _no_decision_during_a_resend(row, by_key[key])
         _decision_stands(row, by_key[key])
         _way_out(row)
         _never_resent_after_a_conflict(row, by_key[key])
@@ -164,6 +171,42 @@ def _append_only(events: list[dict[str, Any]], model: Model) -> None:
     for event_id, seen in model.events.items():
         assert now.get(event_id) == seen, f"event {event_id} {seen} was changed or lost: {now.get(event_id)}"
     model.events = now
+
+
+def _resend_leases(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], datetime, timedelta]]:
+    """Each resend with the end of its lease (its time on the wire, cut short by an answer) and lead."""
+    leases = []
+    for event in events:
+        if event["kind"] != "resend":
+            continue
+        detail = json.loads(event["detail"]) if isinstance(event["detail"], str) else event["detail"]
+        ends = datetime.fromisoformat(detail["on_the_wire_until"])
+        answers = [
+            e["at"] for e in events
+            if e["id"] > event["id"] and e["kind"] == "resend_inconclusive" and _answered(e)
+        ]
+        leases.append((event, min([ends, *answers]), timedelta(seconds=detail["lead_seconds"])))
+    return leases
+
+
+def _answered(event: dict[str, Any]) -> bool:
+    detail = json.loads(event["detail"]) if isinstance(event["detail"], str) else event["detail"]
+    return bool(detail and detail.get("answered"))
+
+
+def _no_decision_during_a_resend(row: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    """While a resend is on the wire its answer settles the call: no one else's decision lands, and
+    no other resend leaves during its lease nor for as long again (the quiet spell)."""
+    leases = _resend_leases(events)
+    for resend, ends, lead in leases:
+        for event in events:
+            if event["id"] <= resend["id"] or event["at"] >= ends:
+                continue
+            assert not (event["kind"] == "settled" and event["source"] != "reconciler"), (
+                f"{row['key']}: {event['actor']} settled it while resend {resend['id']} was on the wire"
+            )
+    for (first, ends, lead), (second, _, _) in zip(leases, leases[1:], strict=False):
+        assert second["at"] >= ends + lead, f"{row['key']}: a resend left in the quiet spell after {first['id']}"
 
 
 def _decision_stands(row: dict[str, Any], events: list[dict[str, Any]]) -> None:
@@ -251,15 +294,27 @@ def _intent_rule(rows: dict[str, dict[str, Any]], by_key: dict[str, list[dict[st
                 )
 
 
+async def _events(ledger: Ledger, key: str) -> list[dict[str, Any]]:
+    async with ledger.connection("test_events") as conn:
+        return [dict(e) for e in await conn.fetch(queries.SELECT_EVENTS, key)]
+
+
 async def every_open_call_has_a_way_out(ledger: Ledger) -> None:
     """Take, for every call still open, the decision the ledger must accept, and check it settled."""
+    async with ledger.connection("test_clock") as conn:
+        now = await conn.fetchval("SELECT clock_timestamp()")
     for key, row in (await snapshot(ledger)).items():
         status = Status(row["status"])
         if status is Status.STARTED:
             await ledger.mark_indeterminate(key, actor="inspector", reason="end of the example")
             status = Status.INDETERMINATE
         if status is Status.INDETERMINATE:
-            await ledger.settle(key, **settlement("operator:alice", Status.FAILED, key))
+            # An operator decides; while a resend is on the wire (its lease runs out), its answer does.
+            on_the_wire = any(ends > now for _, ends, _ in _resend_leases(await _events(ledger, key)))
+            if on_the_wire:
+                await ledger.settle(key, **settlement("reconciler", Status.FAILED, key), source=EventSource.RECONCILER)
+            else:
+                await ledger.settle(key, **settlement("operator:alice", Status.FAILED, key))
         elif status is Status.HELD or (status is Status.AWAITING_APPROVAL and row["approved_at"] is not None):
             await ledger.release(key, actor="operator:alice", reason="end of the example")
         elif status is Status.AWAITING_APPROVAL:

@@ -32,11 +32,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from onceflow.ledger import (
     AlreadySettledError,
     CallIdentity,
-    EventSource,
     ConflictNotOpenError,
+    EventSource,
     FailureKind,
     Guard,
-    InvalidTransitionError,
     Ledger,
     OutcomeIgnoredError,
     PayloadMismatchError,
@@ -117,6 +116,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def live_keys(self) -> list[str]:
         return sorted(self.model.live)
 
+    def pick_guarded(self, index: int) -> str | None:
+        """A guarded call's key when there is one (where the intent and budget rules bite)."""
+        calls = sorted(k for k in self.model.live if k in self.guarded_calls)
+        return calls[index % len(calls)] if calls else self.pick(index)
+
     def pick(self, index: int) -> str | None:
         """A reserved call's key, or None before any: the rule then does nothing. No preconditions on
         the ledger's state, so what Hypothesis draws never depends on it (replays stay faithful)."""
@@ -133,8 +137,12 @@ class LedgerMachine(RuleBasedStateMachine):
         lease=st.sampled_from((SHORT, LONG)),
         via=st.integers(0, 2),
     )
-    def reserve_plain(self, run: int, call: str, approval: bool, owner: str, lease: timedelta, via: int) -> None:
-        identity = CallIdentity(tenant="t1", run_id=self.plain_runs[run % len(self.plain_runs)], tool_call_id=call)
+    def reserve_plain(
+        self, run: int, call: str, approval: bool, owner: str, lease: timedelta, via: int
+    ) -> None:
+        identity = CallIdentity(
+            tenant="t1", run_id=self.plain_runs[run % len(self.plain_runs)], tool_call_id=call
+        )
         result = self.run(
             self.pool(via).reserve(
                 identity,
@@ -148,7 +156,12 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         self.model.live.add(result.record.key)
 
-    @rule(run=st.integers(0, 1), call=st.sampled_from(CALL_IDS), amount=st.sampled_from((1, 2)), how=GUARDS)
+    @rule(
+        run=st.sampled_from((0, 0, 0, 1)),
+        call=st.sampled_from(CALL_IDS),
+        amount=st.sampled_from((1, 2)),
+        how=GUARDS,
+    )
     def reserve_guarded(self, run: int, call: str, amount: int, how: dict[str, Any]) -> None:
         self.guarded(self.runs[run], call, amount, **how)
 
@@ -217,9 +230,19 @@ class LedgerMachine(RuleBasedStateMachine):
     # -- outcomes --------------------------------------------------------------------------------
 
     def reporter(self, key: str, who: int) -> str:
-        """The call's owner, one that owned it before, or a stranger."""
-        candidates = self.run(inv.owners(self.pools[0], key)) + ["w-stranger"]
-        return candidates[who % len(candidates)]
+        """0: the call's owner; 1: one that owned it before (else the owner); more: a stranger."""
+        owners = self.run(inv.owners(self.pools[0], key))
+        return owners[min(who, len(owners) - 1)] if who < 2 else "w-stranger"
+
+    @rule(index=st.integers(0, 50), completed=st.booleans(), via=st.integers(0, 2))
+    def owner_reports(self, index: int, completed: bool, via: int) -> None:
+        """The common path: the call's owner reports (completed, or not attempted)."""
+        self.report_outcome(index, 0, "completed" if completed else "not_attempted", via)
+
+    @rule(index=st.integers(0, 50), completed=st.booleans())
+    def former_owner_reports(self, index: int, completed: bool) -> None:
+        """A late report from an attempt that owned the call before: may contradict a decision."""
+        self.report_outcome(index, 1, "completed" if completed else "rejected", 1)
 
     @rule(
         index=st.integers(0, 50),
@@ -228,7 +251,7 @@ class LedgerMachine(RuleBasedStateMachine):
         via=st.integers(0, 2),
     )
     def report_outcome(self, index: int, who: int, outcome: str, via: int) -> None:
-        key = self.pick(index)
+        key = self.pick_guarded(index)
         if key is None:
             return
         owner = self.reporter(key, who)
@@ -243,24 +266,30 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, 50), via=st.integers(0, 2))
     def inspector_marks_indeterminate(self, index: int, via: int) -> None:
-        key = self.pick(index)
+        key = self.pick_guarded(index)
         if key is not None:
             self.run(self.pool(via).mark_indeterminate(key, actor="inspector", reason="activity lost"))
 
     @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)))
     def reconciler_late_outcome(self, index: int, status: Status) -> None:
-        key = self.pick(index)
+        key = self.pick_guarded(index)
         if key is not None:
             self.run(self.pools[1].record_late_outcome(key, actor="reconciler:hook", status=status))
 
     # -- operators -------------------------------------------------------------------------------
 
-    @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)), who=st.integers(0, 1))
+    @rule(
+        index=st.integers(0, 50),
+        status=st.sampled_from((Status.COMPLETED, Status.FAILED)),
+        who=st.integers(0, 1),
+    )
     def settle(self, index: int, status: Status, who: int) -> None:
-        key = self.pick(index)
+        key = self.pick_guarded(index)
         if key is None:
             return
-        outcome = self.run(inv.attempt(self.pools[2].settle(key, **inv.settlement(OPERATORS[who], status, key))))
+        outcome = self.run(
+            inv.attempt(self.pools[2].settle(key, **inv.settlement(OPERATORS[who], status, key)))
+        )
         self.model.note_decision(key, OPERATORS[who], outcome)
 
     @rule(
@@ -269,7 +298,7 @@ class LedgerMachine(RuleBasedStateMachine):
         second=st.sampled_from((Status.COMPLETED, Status.FAILED)),
     )
     def two_operators_race(self, index: int, first: Status, second: Status) -> None:
-        key = self.pick(index)
+        key = self.pick_guarded(index)
         if key is None:
             return
         alice, bob = self.run(
@@ -278,7 +307,11 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.pools[2].settle(key, **inv.settlement(OPERATORS[1], second, key)),
             )
         )
-        won = [actor for actor, out in zip(OPERATORS, (alice, bob), strict=True) if not isinstance(out, Exception)]
+        won = [
+            actor
+            for actor, out in zip(OPERATORS, (alice, bob), strict=True)
+            if not isinstance(out, Exception)
+        ]
         assert len(won) <= 1, f"both operators settled {key}"
         for actor, out in zip(OPERATORS, (alice, bob), strict=True):
             self.model.note_decision(key, actor, out)
@@ -288,7 +321,11 @@ class LedgerMachine(RuleBasedStateMachine):
             loser = alice if won[0] == OPERATORS[1] else bob
             assert isinstance(loser, AlreadySettledError), f"the losing operator got {loser!r}"
 
-    @rule(index=st.integers(0, 50), action=st.sampled_from(("approve", "deny", "release")), who=st.integers(0, 1))
+    @rule(
+        index=st.integers(0, 50),
+        action=st.sampled_from(("approve", "deny", "release")),
+        who=st.integers(0, 1),
+    )
     def operator_decides(self, index: int, action: str, who: int) -> None:
         key, actor, ledger = self.pick(index), OPERATORS[who], self.pools[2]
         if key is None:
@@ -307,7 +344,7 @@ class LedgerMachine(RuleBasedStateMachine):
         who=st.integers(0, 1),
     )
     def acknowledge(self, index: int, status: Status, who: int) -> None:
-        key = self.pick(index)
+        key = self.pick_guarded(index)
         if key is None:
             return
         coro = self.pools[2].acknowledge_conflict(
@@ -323,14 +360,14 @@ class LedgerMachine(RuleBasedStateMachine):
         """A resend inside the receiver's dedup window (24 h) or outside it (a window shorter than the
         lead). An allowed one is leased for `lead`: meanwhile no operator decision may land."""
         window = timedelta(hours=24) if inside else lead / 2
-        key = self.pick(index)
+        key = self.pick_guarded(index)
         if key is not None:
             self.run(self.pools[1].begin_resend(key, window=window, lead=lead))
 
     @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)))
     def resend_answered(self, index: int, status: Status) -> None:
         """The receiver answered a resend: the reconciler settles the call (allowed during the lease)."""
-        key = self.pick(index)
+        key = self.pick_guarded(index)
         if key is None:
             return
         coro = self.pools[1].settle(
@@ -359,7 +396,9 @@ class LedgerMachine(RuleBasedStateMachine):
     def read_budget(self, via: int) -> None:
         ledger_says = self.run(inv.ledger_budget(self.pool(via)))
         expected = self.run(inv.budget_carried(self.pools[0], self.model))
-        assert ledger_says == expected, f"the ledger reads the budget as {ledger_says}, the rows say {expected}"
+        assert ledger_says == expected, (
+            f"the ledger reads the budget as {ledger_says}, the rows say {expected}"
+        )
 
     # -- invariants ------------------------------------------------------------------------------
 
@@ -388,7 +427,9 @@ def _explore(loop_thread: LoopThread, postgres_dsn: str, chosen: settings) -> No
     run_state_machine_as_test(LedgerMachine, settings=chosen)
 
 
-def test_ledger_interleavings_keep_the_invariants(loop_thread: LoopThread, postgres_dsn: str, template_dsn: str) -> None:
+def test_ledger_interleavings_keep_the_invariants(
+    loop_thread: LoopThread, postgres_dsn: str, template_dsn: str
+) -> None:
     _explore(loop_thread, postgres_dsn, _profile())
 
 

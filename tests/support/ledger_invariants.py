@@ -5,6 +5,7 @@ model heard when a call was sent, and what purged calls had drawn on the budget.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -71,7 +72,13 @@ async def race(first: Awaitable[Any], second: Awaitable[Any]) -> list[Any]:
 
 def settlement(actor: str, status: Status, key: str) -> dict[str, Any]:
     result = {"id": key} if status is Status.COMPLETED else None
-    return {"status": status, "actor": actor, "reason": f"{actor} checked", "evidence": EVIDENCE, "result": result}
+    return {
+        "status": status,
+        "actor": actor,
+        "reason": f"{actor} checked",
+        "evidence": EVIDENCE,
+        "result": result,
+    }
 
 
 async def owners(ledger: Ledger, key: str) -> list[str]:
@@ -102,7 +109,9 @@ async def age_everything(dsn: str, by: timedelta) -> None:
                 " conflict_at = conflict_at - $1::interval, conflict_cleared_at = conflict_cleared_at - $1::interval",
                 by,
             )
-            await conn.execute("ALTER TABLE tool_execution_events DISABLE TRIGGER tool_execution_events_append_only")
+            await conn.execute(
+                "ALTER TABLE tool_execution_events DISABLE TRIGGER tool_execution_events_append_only"
+            )
             await conn.execute("UPDATE tool_execution_events SET at = at - $1::interval", by)
             # A resend's lease is a time in its detail: it moves with the event.
             await conn.execute(
@@ -111,7 +120,9 @@ async def age_everything(dsn: str, by: timedelta) -> None:
                 " WHERE kind = 'resend' AND detail ? 'on_the_wire_until'",
                 by,
             )
-            await conn.execute("ALTER TABLE tool_execution_events ENABLE TRIGGER tool_execution_events_append_only")
+            await conn.execute(
+                "ALTER TABLE tool_execution_events ENABLE TRIGGER tool_execution_events_append_only"
+            )
     finally:
         await conn.close()
 
@@ -149,7 +160,9 @@ async def check(ledger: Ledger, model: Model) -> None:
         events = [dict(e) for e in await conn.fetch("SELECT * FROM tool_execution_events ORDER BY id")]
         keys = await conn.fetchval("SELECT count(*) = count(DISTINCT key) FROM tool_executions")
     assert keys, "a key has two rows"
-    assert set(rows) == model.live, f"rows {sorted(rows)} are not the calls reserved and not purged {sorted(model.live)}"
+    assert set(rows) == model.live, (
+        f"rows {sorted(rows)} are not the calls reserved and not purged {sorted(model.live)}"
+    )
     by_key: dict[str, list[dict[str, Any]]] = {key: [] for key in rows}
     for event in events:
         by_key[event["key"]].append(event)
@@ -160,7 +173,9 @@ async def check(ledger: Ledger, model: Model) -> None:
         _way_out(row)
         _never_resent_after_a_conflict(row, by_key[key])
     _intent_rule(rows, by_key, model)
-    conflicted = sum((r["amount"] for r in rows.values() if _draws(r) and r["conflict_at"] is not None), Decimal(0))
+    conflicted = sum(
+        (r["amount"] for r in rows.values() if _draws(r) and r["conflict_at"] is not None), Decimal(0)
+    )
     carried = await budget_carried(ledger, model)
     # Only a late report contradicting a decision (a conflict) can carry a budget past its limit.
     assert carried <= LIMIT + conflicted, f"the budget carries {carried} over the limit {LIMIT}"
@@ -182,7 +197,8 @@ def _resend_leases(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], d
         detail = json.loads(event["detail"]) if isinstance(event["detail"], str) else event["detail"]
         ends = datetime.fromisoformat(detail["on_the_wire_until"])
         answers = [
-            e["at"] for e in events
+            e["at"]
+            for e in events
             if e["id"] > event["id"] and e["kind"] == "resend_inconclusive" and _answered(e)
         ]
         leases.append((event, min([ends, *answers]), timedelta(seconds=detail["lead_seconds"])))
@@ -198,15 +214,17 @@ def _no_decision_during_a_resend(row: dict[str, Any], events: list[dict[str, Any
     """While a resend is on the wire its answer settles the call: no one else's decision lands, and
     no other resend leaves during its lease nor for as long again (the quiet spell)."""
     leases = _resend_leases(events)
-    for resend, ends, lead in leases:
+    for resend, ends, _ in leases:
         for event in events:
             if event["id"] <= resend["id"] or event["at"] >= ends:
                 continue
             assert not (event["kind"] == "settled" and event["source"] != "reconciler"), (
                 f"{row['key']}: {event['actor']} settled it while resend {resend['id']} was on the wire"
             )
-    for (first, ends, lead), (second, _, _) in zip(leases, leases[1:], strict=False):
-        assert second["at"] >= ends + lead, f"{row['key']}: a resend left in the quiet spell after {first['id']}"
+    for (first, ends, lead), (second, _, _) in itertools.pairwise(leases):
+        assert second["at"] >= ends + lead, (
+            f"{row['key']}: a resend left in the quiet spell after {first['id']}"
+        )
 
 
 def _decision_stands(row: dict[str, Any], events: list[dict[str, Any]]) -> None:
@@ -219,7 +237,9 @@ def _decision_stands(row: dict[str, Any], events: list[dict[str, Any]]) -> None:
         f"{row['key']} is {row['status']} but its last decision says {last['to_status']} ({last['kind']} by {last['actor']})"
     )
     if last["kind"] == "settled":
-        assert row["settled_by"] == last["actor"], f"{row['key']} settled by {last['actor']}, row says {row['settled_by']}"
+        assert row["settled_by"] == last["actor"], (
+            f"{row['key']} settled by {last['actor']}, row says {row['settled_by']}"
+        )
 
 
 def _way_out(row: dict[str, Any]) -> None:
@@ -261,7 +281,9 @@ def _last_send(events: list[dict[str, Any]]) -> int | None:
     return sends[-1] if sends else None
 
 
-def _intent_rule(rows: dict[str, dict[str, Any]], by_key: dict[str, list[dict[str, Any]]], model: Model) -> None:
+def _intent_rule(
+    rows: dict[str, dict[str, Any]], by_key: dict[str, list[dict[str, Any]]], model: Model
+) -> None:
     """No intent (run, tool, canonical payload) has more possible effects than the rule allows: of two
     calls that may have applied, the one sent later was sent with `allow`, or the model had heard the
     other's settled outcome (hold), or the other was known not applied when it was sent."""
@@ -269,18 +291,18 @@ def _intent_rule(rows: dict[str, dict[str, Any]], by_key: dict[str, list[dict[st
     for row in rows.values():
         if row["tool_name"] != GUARDED_TOOL or row["reused_from"] is not None:
             continue
-        status = Status(row["status"])
+        now = Status(row["status"])
         open_conflict = row["conflict_at"] is not None and row["conflict_cleared_at"] is None
-        if status in MAY_HAVE_APPLIED or (status is Status.FAILED and open_conflict):
+        if now in MAY_HAVE_APPLIED or (now is Status.FAILED and open_conflict):
             effects.setdefault((row["run_id"], row["payload_sha256"]), []).append(row)
     for group in effects.values():
         for i, one in enumerate(group):
             for other in group[i + 1 :]:
-                sends = {r["key"]: _last_send(by_key[r["key"]]) for r in (one, other)}
-                if None in sends.values():
+                one_sent, other_sent = _last_send(by_key[one["key"]]), _last_send(by_key[other["key"]])
+                if one_sent is None or other_sent is None:
                     continue  # not sent by a reservation at all (cannot be: a twin is always sent by one)
-                later, earlier = (one, other) if sends[one["key"]] > sends[other["key"]] else (other, one)
-                status, conflict = _state_at(by_key[earlier["key"]], sends[later["key"]])
+                later, earlier = (one, other) if one_sent > other_sent else (other, one)
+                status, conflict = _state_at(by_key[earlier["key"]], max(one_sent, other_sent))
                 may_have_applied = status in MAY_HAVE_APPLIED or (status is Status.FAILED and conflict)
                 intent, heard = model.sent_with.get(later["key"], ("hold", frozenset()))
                 heard_it = (
@@ -312,7 +334,9 @@ async def every_open_call_has_a_way_out(ledger: Ledger) -> None:
             # An operator decides; while a resend is on the wire (its lease runs out), its answer does.
             on_the_wire = any(ends > now for _, ends, _ in _resend_leases(await _events(ledger, key)))
             if on_the_wire:
-                await ledger.settle(key, **settlement("reconciler", Status.FAILED, key), source=EventSource.RECONCILER)
+                await ledger.settle(
+                    key, **settlement("reconciler", Status.FAILED, key), source=EventSource.RECONCILER
+                )
             else:
                 await ledger.settle(key, **settlement("operator:alice", Status.FAILED, key))
         elif status is Status.HELD or (status is Status.AWAITING_APPROVAL and row["approved_at"] is not None):

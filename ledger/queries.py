@@ -436,6 +436,12 @@ SELECT key FROM tool_executions
  LIMIT $3
 """
 
+# What an entity's budget already carries apart from call $4 ($1 tenant, $2 tool, $3 entity, $5
+# toolset, $6 currency): the function the guarded reservation decides with (migration 0010).
+ENTITY_BUDGET_USED = """
+SELECT completed, unresolved FROM onceflow_budget_used($1, $2, $3, $4, $5, $6)
+"""
+
 # -- metrics (ledger/queue.py) --------------------------------------------------------------------
 
 # The operator queue in figures, for the operator API's gauges: per tenant, tool and status, how many

@@ -237,6 +237,25 @@ async def test_two_held_calls_never_wait_for_each_other(ledger: Ledger) -> None:
     assert second.outcome is Reservation.NEW
 
 
+async def test_a_retried_call_waits_for_a_younger_twin_that_was_sent(ledger: Ledger) -> None:
+    """c1 failed without effect; the model, not having heard it, asked c2, which was sent. When c1's
+    key is reserved again (a retry), c2 may be taking effect: c1 is held behind it, though c2 is the
+    younger. Only a held twin is too young to hold a call (two held calls never wait for each other)."""
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.fail(first.record.key, owner="owner-c1", kind=FailureKind.NOT_ATTEMPTED, error="no route")
+    second = await reserve(ledger, run, "c2", Guard())
+    assert second.outcome is Reservation.NEW
+
+    retried = await reserve(ledger, run, "c1", Guard(), owner="owner-c1-again")
+    assert retried.outcome is Reservation.HELD and not retried.may_send
+    assert retried.record.held_by == second.record.key
+
+    await ledger.complete(second.record.key, owner="owner-c2", result={"credit_id": "cr_2"})
+    after = await reserve(ledger, run, "c1", Guard(), owner="owner-c1-again")
+    assert after.outcome is Reservation.REUSED and after.record.reused_from == second.record.key
+
+
 # -- lineage ----------------------------------------------------------------------------------------
 
 

@@ -11,6 +11,31 @@
 -- model) and OF002 (the key belongs to another tenant); the unique index on an entity's unresolved
 -- call raises unique_violation when another path took the slot, and the caller decides again.
 
+-- What an entity's budget already carries, apart from call p_key: completed amounts (purged ones
+-- too: budget_purged_usage) and those nobody can yet rule out (unresolved, or failed with an open
+-- conflict), per toolset's tool and currency. Reused results and compensated calls draw nothing.
+-- The guarded reservation decides with it; ledger.queries.ENTITY_BUDGET_USED reads it.
+CREATE FUNCTION onceflow_budget_used(
+    p_tenant text, p_tool_name text, p_entity text, p_key text, p_toolset text, p_currency text,
+    OUT completed numeric, OUT unresolved numeric
+) LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(t.amount) FILTER (WHERE t.status = 'completed'), 0)
+             + coalesce((SELECT sum(u.completed) FROM budget_purged_usage u
+                          WHERE u.tenant = p_tenant AND u.tool_name = p_tool_name
+                            AND u.entity = p_entity
+                            AND (u.toolset = '' OR p_toolset IS NULL OR u.toolset = p_toolset)
+                            AND u.currency = coalesce(p_currency, '')), 0),
+           coalesce(sum(t.amount) FILTER (WHERE t.status <> 'completed'), 0)
+      FROM tool_executions t
+     WHERE t.tenant = p_tenant AND t.tool_name = p_tool_name AND t.entity = p_entity
+       AND t.key <> p_key
+       AND (t.toolset IS NULL OR p_toolset IS NULL OR t.toolset = p_toolset)
+       AND t.currency IS NOT DISTINCT FROM p_currency
+       AND t.amount IS NOT NULL AND t.reused_from IS NULL
+       AND (t.status IN ('awaiting_approval', 'started', 'indeterminate', 'completed')
+            OR (t.status = 'failed' AND t.conflict_at IS NOT NULL AND t.conflict_cleared_at IS NULL))
+$$;
+
 CREATE FUNCTION onceflow_guarded_reserve(
     p_locks        text[],   -- Guard.locks(): the advisory lock names, in the order to take them
     p_key          text,
@@ -172,7 +197,12 @@ BEGIN
                   AND (v_twin.status IN ('awaiting_approval', 'held', 'started', 'indeterminate')
                        OR (v_twin.status = 'failed' AND v_twin.conflict_at IS NOT NULL
                            AND v_twin.conflict_cleared_at IS NULL))
-                  AND (v_created IS NULL OR (v_twin.created_at, v_twin.key) < (v_created, p_key)) THEN
+                  -- A held twin holds this call only if recorded before it, so no two held calls
+                  -- wait for each other; any other unresolved twin was sent or waits for a person,
+                  -- so it holds this call whatever its age (a retry of an older call must not go
+                  -- while a younger twin may be taking effect).
+                  AND (v_created IS NULL OR v_twin.status <> 'held'
+                       OR (v_twin.created_at, v_twin.key) < (v_created, p_key)) THEN
                 v_action := 'hold';
                 v_other := v_twin;
                 v_reason := format('the same call (%s) is still %s; this one waits until that one is settled',
@@ -251,22 +281,8 @@ BEGIN
     -- (unresolved, or failed with an open conflict), per toolset's tool and currency. Reused
     -- results and compensated calls draw nothing.
     IF v_action = 'proceed' AND p_amount IS NOT NULL AND p_limit IS NOT NULL THEN
-        SELECT coalesce(sum(t.amount) FILTER (WHERE t.status = 'completed'), 0)
-                 + coalesce((SELECT sum(u.completed) FROM budget_purged_usage u
-                              WHERE u.tenant = p_tenant AND u.tool_name = p_tool_name
-                                AND u.entity = p_entity
-                                AND (u.toolset = '' OR p_toolset IS NULL OR u.toolset = p_toolset)
-                                AND u.currency = coalesce(p_currency, '')), 0),
-               coalesce(sum(t.amount) FILTER (WHERE t.status <> 'completed'), 0)
-          INTO v_completed, v_unres
-          FROM tool_executions t
-         WHERE t.tenant = p_tenant AND t.tool_name = p_tool_name AND t.entity = p_entity
-           AND t.key <> p_key
-           AND (t.toolset IS NULL OR p_toolset IS NULL OR t.toolset = p_toolset)
-           AND t.currency IS NOT DISTINCT FROM p_currency
-           AND t.amount IS NOT NULL AND t.reused_from IS NULL
-           AND (t.status IN ('awaiting_approval', 'started', 'indeterminate', 'completed')
-                OR (t.status = 'failed' AND t.conflict_at IS NOT NULL AND t.conflict_cleared_at IS NULL));
+        SELECT b.completed, b.unresolved INTO v_completed, v_unres
+          FROM onceflow_budget_used(p_tenant, p_tool_name, p_entity, p_key, p_toolset, p_currency) b;
         IF v_completed + v_unres + p_amount > p_limit THEN
             v_unit := CASE WHEN p_currency IS NULL THEN '' ELSE ' ' || p_currency END;
             v_action := 'refuse';

@@ -1,0 +1,440 @@
+"""Interleavings explored, not only examples: a Hypothesis state machine drives the real ledger.
+
+Each example gets a fresh database (a copy of the migrated template) and three `Ledger` pools that
+act as workers, reconcilers and operators. Rules reserve (plain and guarded), report outcomes (by the
+owner, a former owner, a stranger), mark calls indeterminate, settle (one operator, or two racing),
+re-send, flag conflicts, acknowledge them, approve, deny, release, purge and read budgets. After every
+step the invariants of tests/support/ledger_invariants.py are checked against the ledger's own tables;
+at the end of each example every call still open is driven out by the decision someone may make.
+
+The ledger is async and pytest-asyncio runs async tests in one session loop, while Hypothesis drives
+rules synchronously. So the test itself is synchronous: each example's coroutines run on an event
+loop of their own in a thread (`LoopThread`), and the pools live there. The session loop is used only
+by the `template_dsn` fixture, before the first example.
+
+Bounded in the default suite; `make properties` runs many more examples (the `properties` marker and
+the Hypothesis profile `ONCEFLOW_PROPERTIES=long`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from onceflow.ledger import (
+    AlreadySettledError,
+    CallIdentity,
+    ConflictNotOpenError,
+    EventSource,
+    FailureKind,
+    Guard,
+    Ledger,
+    OutcomeIgnoredError,
+    PayloadMismatchError,
+    SideEffect,
+    Status,
+    purge_settled,
+)
+from onceflow.local.postgres import create_database, drop_database
+from tests.conftest import TEMPLATE
+from tests.support import ledger_invariants as inv
+from tests.support.loop_thread import LoopThread
+
+LIMIT = inv.LIMIT
+GUARDED_TOOL, PLAIN_TOOL = inv.GUARDED_TOOL, "send_note"
+CALL_IDS = ("c0", "c1", "c2", "c3")
+WORKERS = ("w1", "w2", "w3")
+OPERATORS = ("operator:alice", "operator:bob")
+EVIDENCE = {"checked": "the receiver's records"}
+SHORT, LONG = timedelta(milliseconds=1), timedelta(hours=1)
+RESEND_SHORT, RESEND_LONG = timedelta(milliseconds=200), timedelta(minutes=5)
+
+# How a guarded call is reserved: the intent rule, what the model had heard, entity and budget.
+GUARDS = st.fixed_dictionaries(
+    {
+        "intent": st.sampled_from(("hold", "hold", "reuse", "allow")),
+        "heard": st.frozensets(st.sampled_from(CALL_IDS), max_size=3),
+        "exclusive": st.booleans(),
+        "budget": st.booleans(),
+        "owner": st.sampled_from(WORKERS),
+        "lease": st.sampled_from((SHORT, LONG)),
+        "via": st.integers(0, 2),
+    }
+)
+
+settings.register_profile(
+    "default-properties",
+    max_examples=30,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile(
+    "long-properties",
+    max_examples=int(os.environ.get("ONCEFLOW_PROPERTIES_EXAMPLES", "400")),
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+def _profile() -> settings:
+    name = "long" if os.environ.get("ONCEFLOW_PROPERTIES") == "long" else "default"
+    return settings.get_profile(f"{name}-properties")
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    loop: LoopThread
+    admin_dsn: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = f"onceflow_prop_{uuid.uuid4().hex[:12]}"
+        self.dsn = self.run(create_database(self.admin_dsn, self.name, template=TEMPLATE))
+        # Workers, reconcilers, operators: each picks one of three pools of its own.
+        self.pools: list[Ledger] = [self.run(Ledger.connect(self.dsn, max_size=3)) for _ in range(3)]
+        self.model = inv.Model()
+        self.runs = ["r0", "r1"]
+        self.plain_runs = ["p0"]
+        self.fresh = 2
+        self.guarded_calls: dict[str, tuple[str, str, int]] = {}  # key: (run, tool call id, amount)
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run(coro)
+
+    def pool(self, index: int) -> Ledger:
+        return self.pools[index % len(self.pools)]
+
+    def live_keys(self) -> list[str]:
+        return sorted(self.model.live)
+
+    def pick_guarded(self, index: int) -> str | None:
+        """A guarded call's key when there is one (where the intent and budget rules bite)."""
+        calls = sorted(k for k in self.model.live if k in self.guarded_calls)
+        return calls[index % len(calls)] if calls else self.pick(index)
+
+    def pick(self, index: int) -> str | None:
+        """A reserved call's key, or None before any: the rule then does nothing. No preconditions on
+        the ledger's state, so what Hypothesis draws never depends on it (replays stay faithful)."""
+        keys = self.live_keys()
+        return keys[index % len(keys)] if keys else None
+
+    # -- reserving -------------------------------------------------------------------------------
+
+    @rule(
+        run=st.integers(0, 3),
+        call=st.sampled_from(("p0", "p1")),
+        approval=st.booleans(),
+        owner=st.sampled_from(WORKERS),
+        lease=st.sampled_from((SHORT, LONG)),
+        via=st.integers(0, 2),
+    )
+    def reserve_plain(
+        self, run: int, call: str, approval: bool, owner: str, lease: timedelta, via: int
+    ) -> None:
+        identity = CallIdentity(
+            tenant="t1", run_id=self.plain_runs[run % len(self.plain_runs)], tool_call_id=call
+        )
+        result = self.run(
+            self.pool(via).reserve(
+                identity,
+                tool_name=PLAIN_TOOL,
+                side_effect=SideEffect.EXTERNAL,
+                arguments={"to": "ops"},
+                owner=owner,
+                approval=approval,
+                lease=lease,
+            )
+        )
+        self.model.live.add(result.record.key)
+
+    @rule(
+        run=st.sampled_from((0, 0, 0, 1)),
+        call=st.sampled_from(CALL_IDS),
+        amount=st.sampled_from((1, 2)),
+        how=GUARDS,
+    )
+    def reserve_guarded(self, run: int, call: str, amount: int, how: dict[str, Any]) -> None:
+        self.guarded(self.runs[run], call, amount, **how)
+
+    @rule(index=st.integers(0, 50), how=GUARDS)
+    def retry_guarded(self, index: int, how: dict[str, Any]) -> None:
+        """A call's key reserved again (a retry, a reset), with its own payload."""
+        calls = sorted(k for k in self.model.live if k in self.guarded_calls)
+        if calls:
+            self.guarded(*self.guarded_calls[calls[index % len(calls)]], **how)
+
+    @rule(index=st.integers(0, 50), call=st.sampled_from(CALL_IDS), how=GUARDS)
+    def twin_guarded(self, index: int, call: str, how: dict[str, Any]) -> None:
+        """Another call of a run with the same payload as one of its calls: a twin."""
+        calls = sorted(k for k in self.model.live if k in self.guarded_calls)
+        if calls:
+            run_id, _, amount = self.guarded_calls[calls[index % len(calls)]]
+            self.guarded(run_id, call, amount, **how)
+
+    def guarded(
+        self,
+        run_id: str,
+        call: str,
+        amount: int,
+        *,
+        intent: str,
+        heard: frozenset[str],
+        exclusive: bool,
+        budget: bool,
+        owner: str,
+        lease: timedelta,
+        via: int,
+    ) -> None:
+        guard = Guard(
+            intent=intent,  # type: ignore[arg-type]
+            heard=heard,
+            entity=inv.ENTITY,
+            exclusive=exclusive,
+            amount=Decimal(amount) if budget else None,
+            limit=LIMIT if budget else None,
+            toolset=inv.TOOLSET,
+        )
+        identity = CallIdentity(tenant="t1", run_id=run_id, tool_call_id=call)
+        try:
+            result = self.run(
+                self.pool(via).reserve(
+                    identity,
+                    tool_name=GUARDED_TOOL,
+                    side_effect=SideEffect.EXTERNAL,
+                    arguments={"account": inv.ENTITY, "amount": amount},
+                    owner=owner,
+                    lease=lease,
+                    guard=guard,
+                )
+            )
+        except PayloadMismatchError:
+            return  # another amount under a recorded key: refused, nothing changed
+        key = result.record.key
+        self.model.live.add(key)
+        self.guarded_calls.setdefault(key, (run_id, call, amount))
+        if result.may_send:
+            self.model.sent_with[key] = (intent, heard)
+            if budget:  # an admission: what the budget carries now is within the limit
+                carried = self.run(inv.budget_carried(self.pools[0], self.model))
+                assert carried <= LIMIT, f"admitting {key} drew the budget to {carried}"
+
+    # -- outcomes --------------------------------------------------------------------------------
+
+    def reporter(self, key: str, who: int) -> str:
+        """0: the call's owner; 1: one that owned it before (else the owner); more: a stranger."""
+        owners = self.run(inv.owners(self.pools[0], key))
+        return owners[min(who, len(owners) - 1)] if who < 2 else "w-stranger"
+
+    @rule(index=st.integers(0, 50), completed=st.booleans(), via=st.integers(0, 2))
+    def owner_reports(self, index: int, completed: bool, via: int) -> None:
+        """The common path: the call's owner reports (completed, or not attempted)."""
+        self.report_outcome(index, 0, "completed" if completed else "not_attempted", via)
+
+    @rule(index=st.integers(0, 50), completed=st.booleans())
+    def former_owner_reports(self, index: int, completed: bool) -> None:
+        """A late report from an attempt that owned the call before: may contradict a decision."""
+        self.report_outcome(index, 1, "completed" if completed else "rejected", 1)
+
+    @rule(
+        index=st.integers(0, 50),
+        who=st.integers(0, 3),
+        outcome=st.sampled_from(("completed", "not_attempted", "rejected", "policy_refused")),
+        via=st.integers(0, 2),
+    )
+    def report_outcome(self, index: int, who: int, outcome: str, via: int) -> None:
+        key = self.pick_guarded(index)
+        if key is None:
+            return
+        owner = self.reporter(key, who)
+        ledger = self.pool(via)
+        try:
+            if outcome == "completed":
+                self.run(ledger.complete(key, owner=owner, result={"id": key}))
+            else:
+                self.run(ledger.fail(key, owner=owner, kind=FailureKind(outcome), error=outcome))
+        except OutcomeIgnoredError:
+            pass
+
+    @rule(index=st.integers(0, 50), via=st.integers(0, 2))
+    def inspector_marks_indeterminate(self, index: int, via: int) -> None:
+        key = self.pick_guarded(index)
+        if key is not None:
+            self.run(self.pool(via).mark_indeterminate(key, actor="inspector", reason="activity lost"))
+
+    @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)))
+    def reconciler_late_outcome(self, index: int, status: Status) -> None:
+        key = self.pick_guarded(index)
+        if key is not None:
+            self.run(self.pools[1].record_late_outcome(key, actor="reconciler:hook", status=status))
+
+    # -- operators -------------------------------------------------------------------------------
+
+    @rule(
+        index=st.integers(0, 50),
+        status=st.sampled_from((Status.COMPLETED, Status.FAILED)),
+        who=st.integers(0, 1),
+    )
+    def settle(self, index: int, status: Status, who: int) -> None:
+        key = self.pick_guarded(index)
+        if key is None:
+            return
+        outcome = self.run(
+            inv.attempt(self.pools[2].settle(key, **inv.settlement(OPERATORS[who], status, key)))
+        )
+        self.model.note_decision(key, OPERATORS[who], outcome)
+
+    @rule(
+        index=st.integers(0, 50),
+        first=st.sampled_from((Status.COMPLETED, Status.FAILED)),
+        second=st.sampled_from((Status.COMPLETED, Status.FAILED)),
+    )
+    def two_operators_race(self, index: int, first: Status, second: Status) -> None:
+        key = self.pick_guarded(index)
+        if key is None:
+            return
+        alice, bob = self.run(
+            inv.race(
+                self.pools[1].settle(key, **inv.settlement(OPERATORS[0], first, key)),
+                self.pools[2].settle(key, **inv.settlement(OPERATORS[1], second, key)),
+            )
+        )
+        won = [
+            actor
+            for actor, out in zip(OPERATORS, (alice, bob), strict=True)
+            if not isinstance(out, Exception)
+        ]
+        assert len(won) <= 1, f"both operators settled {key}"
+        for actor, out in zip(OPERATORS, (alice, bob), strict=True):
+            self.model.note_decision(key, actor, out)
+            if won and isinstance(out, AlreadySettledError):
+                assert out.settled_by == won[0], f"the loser was told {out.settled_by}, not {won[0]}"
+        if won:
+            loser = alice if won[0] == OPERATORS[1] else bob
+            assert isinstance(loser, AlreadySettledError), f"the losing operator got {loser!r}"
+
+    @rule(
+        index=st.integers(0, 50),
+        action=st.sampled_from(("approve", "deny", "release")),
+        who=st.integers(0, 1),
+    )
+    def operator_decides(self, index: int, action: str, who: int) -> None:
+        key, actor, ledger = self.pick(index), OPERATORS[who], self.pools[2]
+        if key is None:
+            return
+        if action == "approve":
+            coro = ledger.approve(key, actor=actor)
+        elif action == "deny":
+            coro = ledger.deny(key, actor=actor, reason="not now")
+        else:
+            coro = ledger.release(key, actor=actor, reason="never sent; let it go")
+        self.model.note_decision(key, actor, self.run(inv.attempt(coro)))
+
+    @rule(
+        index=st.integers(0, 50),
+        status=st.sampled_from((Status.COMPLETED, Status.FAILED, Status.COMPENSATED)),
+        who=st.integers(0, 1),
+    )
+    def acknowledge(self, index: int, status: Status, who: int) -> None:
+        key = self.pick_guarded(index)
+        if key is None:
+            return
+        coro = self.pools[2].acknowledge_conflict(
+            key, actor=OPERATORS[who], status=status, reason="looked at the other side", evidence=EVIDENCE
+        )
+        try:
+            self.run(coro)
+        except ConflictNotOpenError:
+            pass
+
+    @rule(index=st.integers(0, 50), inside=st.booleans(), lead=st.sampled_from((RESEND_SHORT, RESEND_LONG)))
+    def reconciler_resends(self, index: int, inside: bool, lead: timedelta) -> None:
+        """A resend inside the receiver's dedup window (24 h) or outside it (a window shorter than the
+        lead). An allowed one is leased for `lead`: meanwhile no operator decision may land."""
+        window = timedelta(hours=24) if inside else lead / 2
+        key = self.pick_guarded(index)
+        if key is not None:
+            self.run(self.pools[1].begin_resend(key, window=window, lead=lead))
+
+    @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)))
+    def resend_answered(self, index: int, status: Status) -> None:
+        """The receiver answered a resend: the reconciler settles the call (allowed during the lease)."""
+        key = self.pick_guarded(index)
+        if key is None:
+            return
+        coro = self.pools[1].settle(
+            key, **inv.settlement("reconciler", status, key), source=EventSource.RECONCILER
+        )
+        self.model.note_decision(key, "reconciler", self.run(inv.attempt(coro)))
+
+    # -- retention and budgets -------------------------------------------------------------------
+
+    @rule()
+    def purge(self) -> None:
+        """Retention with the ledger's own purge. It takes only calls settled more than a day ago, so
+        the test ages its own database's rows and events by two days first (no API sets a time)."""
+        before = self.run(inv.snapshot(self.pools[0]))
+        self.run(inv.age_everything(self.dsn, timedelta(days=2)))
+        self.run(purge_settled(self.pools[0], older_than=timedelta(days=1)))
+        self.model.purged(before, self.run(inv.snapshot(self.pools[0])))
+        gone = {row["run_id"] for key, row in before.items() if key not in self.model.live}
+        for runs in (self.runs, self.plain_runs):
+            for i, run_id in enumerate(runs):
+                if run_id in gone:  # a purged run is over: new calls go to a new run
+                    runs[i] = f"r{self.fresh}"
+                    self.fresh += 1
+
+    @rule(via=st.integers(0, 2))
+    def read_budget(self, via: int) -> None:
+        ledger_says = self.run(inv.ledger_budget(self.pool(via)))
+        expected = self.run(inv.budget_carried(self.pools[0], self.model))
+        assert ledger_says == expected, (
+            f"the ledger reads the budget as {ledger_says}, the rows say {expected}"
+        )
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def ledger_invariants(self) -> None:
+        self.run(inv.check(self.pools[0], self.model))
+
+    def teardown(self) -> None:
+        try:
+            self.run(inv.every_open_call_has_a_way_out(self.pools[2]))
+        finally:
+            for ledger in self.pools:
+                self.run(ledger.close())
+            self.run(drop_database(self.admin_dsn, self.name))
+
+
+@pytest.fixture(scope="module")
+def loop_thread() -> Any:
+    with LoopThread() as loop:
+        yield loop
+
+
+def _explore(loop_thread: LoopThread, postgres_dsn: str, chosen: settings) -> None:
+    LedgerMachine.loop = loop_thread
+    LedgerMachine.admin_dsn = postgres_dsn
+    run_state_machine_as_test(LedgerMachine, settings=chosen)
+
+
+def test_ledger_interleavings_keep_the_invariants(
+    loop_thread: LoopThread, postgres_dsn: str, template_dsn: str
+) -> None:
+    _explore(loop_thread, postgres_dsn, _profile())
+
+
+@pytest.mark.properties
+def test_ledger_interleavings_keep_the_invariants_long(
+    loop_thread: LoopThread, postgres_dsn: str, template_dsn: str
+) -> None:
+    _explore(loop_thread, postgres_dsn, settings.get_profile("long-properties"))

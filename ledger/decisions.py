@@ -183,6 +183,22 @@ class OperatorDecisions(ConflictFlags):
             if row is None:
                 raise RecordNotFoundError(key)
             current = to_record(row)
+            if current.reused_from is not None:
+                # Never sent under this key: it was answered with its twin's result. A report about
+                # it speaks of nothing this key did, so it can contradict nothing (the twin's own key
+                # carries any conflict); it is kept as an event and changes nothing.
+                await self.insert_event(
+                    conn,
+                    key,
+                    actor=actor,
+                    kind="outcome_ignored",
+                    source=source,
+                    to_status=status,
+                    evidence=evidence,
+                    reason=f"never sent: answered with the result of {current.reused_from}",
+                    detail=detail,
+                )
+                return current
             if contradicts(current.status, status):
                 if same_report(current, reported_by=actor, reported=status):
                     return current

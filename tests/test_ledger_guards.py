@@ -13,6 +13,7 @@ import pytest
 
 from onceflow.ledger import (
     CallIdentity,
+    ConflictNotOpenError,
     FailureKind,
     Guard,
     GuardArgumentError,
@@ -501,3 +502,24 @@ async def test_a_conflicted_failure_still_counts_against_the_budget(ledger: Ledg
     assert (await ledger.get(first.record.key)).has_conflict
     over = await reserve(ledger, run_id(), "c1", budget("ord_c", 4000))
     assert over.outcome is Reservation.REFUSED
+
+
+async def test_a_late_report_about_a_reused_call_changes_nothing(ledger: Ledger) -> None:
+    """A reused call was never sent under its key: a reconciler's report about it contradicts
+    nothing, so it raises no conflict (found by tests/test_ledger_properties.py: acknowledging such a
+    conflict as failed broke the reused-is-completed constraint with a raw database error)."""
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.complete(first.record.key, owner="owner-c1", result={"credit_id": "cr_1"})
+    reused = await reserve(ledger, run, "c2", Guard())
+    assert reused.outcome is Reservation.REUSED
+
+    after = await ledger.record_late_outcome(reused.record.key, actor="reconciler", status=Status.FAILED)
+    assert (after.status, after.has_conflict) == (Status.COMPLETED, False)
+    [*_, last] = (await ledger.get(reused.record.key)).events
+    assert (last.kind, last.to_status) == ("outcome_ignored", Status.FAILED)
+    assert "never sent" in (last.reason or "")
+    with pytest.raises(ConflictNotOpenError):
+        await ledger.acknowledge_conflict(
+            reused.record.key, actor="operator:ops", status=Status.FAILED, reason="x", evidence={"a": 1}
+        )

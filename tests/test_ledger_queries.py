@@ -27,7 +27,7 @@ def _statements(path: Path) -> dict[str, str]:
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             (target,) = node.targets
-            assert isinstance(target, ast.Name)
+            assert isinstance(target, ast.Name) and isinstance(node.value.value, str)
             found[target.id] = node.value.value
     return found
 

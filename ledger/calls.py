@@ -35,7 +35,9 @@ _RESERVE_ROUNDS = 3
 # How often a held reservation looks again at a blocker that settled meanwhile (each look that
 # finds it settled reserves again; the guards may then hold the call behind another one).
 _HELD_RECHECKS = 2
-# What an existing row means for a caller that did not get to reserve it.
+# What an existing row means for a caller that did not get to reserve it. The one table of it in
+# Python: a guarded reservation's outcome comes from onceflow_guarded_reserve (migration 0010);
+# tests/test_ledger_queries.py keeps it so.
 _EXISTING_OUTCOME = {
     Status.COMPLETED: Reservation.COMPLETED,
     Status.STARTED: Reservation.IN_FLIGHT,

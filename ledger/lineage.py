@@ -12,13 +12,6 @@ from onceflow.ledger.records import ToolExecutionRecord, to_record
 
 MAX_HELD_SHOWN = 100
 
-# The held calls' runs as recorded, not cut out of their keys: a run is found by exact match.
-HELD_RUNS_BEHIND = """
-SELECT key, run_id FROM tool_executions
- WHERE tenant = $1 AND status = 'held' AND held_by = $2
- ORDER BY created_at, key
-"""
-
 
 class LineageReads(LedgerBase):
     async def lineage(self, key: str, *, tenant: str) -> list[ToolExecutionRecord]:
@@ -41,5 +34,5 @@ class LineageReads(LedgerBase):
         """(key, run id) of every call held until `key` settles, oldest first: the run ids as the
         ledger recorded them, for waking those runs."""
         async with self.connection("held_runs_behind", key=key) as conn:
-            rows = await conn.fetch(HELD_RUNS_BEHIND, tenant, key)
+            rows = await conn.fetch(queries.HELD_RUNS_BEHIND, tenant, key)
         return [(row["key"], row["run_id"]) for row in rows]

@@ -61,7 +61,7 @@ async def purge_settled(
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     async with ledger.connection("purge_candidates") as conn:
-        cutoff: datetime = await conn.fetchval("SELECT clock_timestamp() - $1::interval", older_than)
+        cutoff: datetime = await conn.fetchval(queries.PURGE_CUTOFF, older_than)
         keys = [row["key"] for row in await conn.fetch(queries.PURGE_CANDIDATES, cutoff)]
         if dry_run:
             events = await conn.fetchval(queries.COUNT_EVENTS, keys) if keys else 0

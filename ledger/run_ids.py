@@ -15,20 +15,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from onceflow.ledger import queries
 from onceflow.ledger.base import LedgerBase
 from onceflow.ledger.errors import LedgerError
-
-CLAIM = """
-WITH claimed AS (
-    INSERT INTO run_ids (run_id, execution, tenant, agent) VALUES ($1, $2, $3, $4)
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING execution, tenant, claimed_at
-)
-SELECT execution, tenant, claimed_at FROM claimed
-UNION ALL
-SELECT execution, tenant, claimed_at FROM run_ids
- WHERE run_id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
-"""
 
 
 class RunIdTakenError(LedgerError):
@@ -54,10 +43,10 @@ class RunIds:
         """Claim `run_id` for the run whose first execution is `execution`, or confirm that it
         already holds it. Raises RunIdTakenError when another execution holds it."""
         async with self._ledger.connection("claim_run_id", run_id=run_id) as conn:
-            row = await conn.fetchrow(CLAIM, run_id, execution, tenant, agent)
+            row = await conn.fetchrow(queries.CLAIM_RUN_ID, run_id, execution, tenant, agent)
             if row is None:
                 # A claim committed between our insert and our read: read it now it is visible.
-                row = await conn.fetchrow(CLAIM, run_id, execution, tenant, agent)
+                row = await conn.fetchrow(queries.CLAIM_RUN_ID, run_id, execution, tenant, agent)
         assert row is not None
         if row["execution"] != execution:
             raise RunIdTakenError(run_id, row["claimed_at"])

@@ -56,7 +56,7 @@ class FailureKind(StrEnum):
         return self in _FINAL_KINDS
 
 
-# Never re-reserved under the key. RESERVE in ledger/queries.py lists the same kinds.
+# Never re-reserved under the key. RESERVE in ledger/queries/calls.py lists the same kinds.
 _FINAL_KINDS = frozenset({FailureKind.POLICY_REFUSED, FailureKind.GUARD_REFUSED, FailureKind.RELEASED})
 
 

@@ -1,0 +1,366 @@
+"""The call path: reserve a call before it runs, the owner's outcome after, and `indeterminate`.
+
+One of the parts `Ledger` (ledger.store) is made of. A reservation without a guard is one statement
+(RESERVE); with a guard, the guards decide first in the same transaction (ledger.guarded). The
+owner's late or repeated report takes the slow path here, and a report that contradicts a settled
+decision is flagged as a conflict (ledger.conflicts).
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from onceflow import metrics
+from onceflow.ledger import queries
+from onceflow.ledger.base import to_json
+from onceflow.ledger.canonical import canonical_payload
+from onceflow.ledger.conflicts import ConflictFlags, contradicts, same_report
+from onceflow.ledger.errors import (
+    LedgerUnavailableError,
+    OutcomeIgnoredError,
+    RecordNotFoundError,
+    TenantMismatchError,
+)
+from onceflow.ledger.guarded import GuardedReservations
+from onceflow.ledger.guards import Guard
+from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
+from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
+from onceflow.sdk.keys import call_key
+
+_RESERVE_ROUNDS = 3
+# How often a held reservation looks again at a blocker that settled meanwhile (each look that
+# finds it settled reserves again; the guards may then hold the call behind another one).
+_HELD_RECHECKS = 2
+# What an existing row means for a caller that did not get to reserve it. The one table of it in
+# Python: a guarded reservation's outcome comes from onceflow_guarded_reserve (migration 0010);
+# tests/test_ledger_queries.py keeps it so.
+_EXISTING_OUTCOME = {
+    Status.COMPLETED: Reservation.COMPLETED,
+    Status.STARTED: Reservation.IN_FLIGHT,
+    Status.INDETERMINATE: Reservation.IN_FLIGHT,
+    Status.AWAITING_APPROVAL: Reservation.AWAITING_APPROVAL,
+    Status.HELD: Reservation.HELD,
+}
+
+
+def _already_recorded(
+    record: ToolExecutionRecord,
+    owner: str,
+    to: Status,
+    result: Any,
+    result_reference: str | None,
+    failure_kind: FailureKind | None,
+    error: str | None,
+) -> bool:
+    """Does the row hold exactly this owner's report? Then the report is its own, repeated."""
+    if record.settled_by != owner or record.status is not to:
+        return False
+    if to is Status.COMPLETED:
+        return (record.result, record.result_reference) == (result, result_reference)
+    return (record.failure_kind, record.error) == (failure_kind, error)
+
+
+class CallIdentity(BaseModel):
+    """Who a call belongs to. The key is derived, never chosen."""
+
+    tenant: str
+    run_id: str
+    tool_call_id: str
+    agent: str = ""
+
+    @property
+    def key(self) -> str:
+        return call_key(self.run_id, self.tool_call_id)
+
+
+class CallPath(GuardedReservations, ConflictFlags):
+    """Reserve, the owner's outcome (complete, fail, and the slow path of a late one), indeterminate."""
+
+    # -- reserve -------------------------------------------------------------------------------
+
+    async def _is_settled(self, key: str) -> bool:
+        async with self.connection("is_settled", key=key) as conn:
+            status = await conn.fetchval(queries.STATUS_OF_KEY, key)
+        return status is not None and Status(status).is_settled
+
+    async def reserve(
+        self,
+        call: CallIdentity,
+        *,
+        tool_name: str,
+        side_effect: SideEffect,
+        arguments: dict[str, Any],
+        owner: str,
+        approval: bool = False,
+        lease: timedelta | None = None,
+        guard: Guard | None = None,
+    ) -> ReserveResult:
+        """Write the call down before it runs. Of any number of racing callers, one may send.
+
+        `lease`: how long the owner may hold the call `started` before it counts as gone (the
+        tool's timeout plus a margin). With `approval`, the call is recorded `awaiting_approval`;
+        once an operator approved it, the next reservation with the same payload claims it.
+        With `guard`, the intent, lineage, entity and budget checks (ledger.guards) decide first,
+        in the same transaction: the call may come back held, reused or refused instead.
+        """
+        payload = canonical_payload(tool_name, arguments)
+        if guard is not None:
+            guarded = functools.partial(
+                self.reserve_guarded,
+                key=call.key,
+                tenant=call.tenant,
+                run_id=call.run_id,
+                tool_call_id=call.tool_call_id,
+                agent=call.agent,
+                tool_name=tool_name,
+                side_effect=side_effect,
+                payload=payload,
+                owner=owner,
+                approval=approval,
+                lease=lease,
+                guard=guard,
+            )
+            result = await guarded()
+            # Held behind a call that settled while this reservation was deciding: the settler's
+            # wake-up looked for held calls before ours was committed and missed it. Now that ours
+            # is, look at the blocker once more (one of the two always sees the other).
+            for _ in range(_HELD_RECHECKS):
+                blocker = result.record.held_by if result.outcome is Reservation.HELD else None
+                if blocker is None or not await self._is_settled(blocker):
+                    break
+                result = await guarded()
+            return result
+        initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
+        async with self.connection("reserve", key=call.key, tool=tool_name) as conn:
+            # A row seen as `failed` here was re-reserved and failed again between our two
+            # statements; the reservation statement is then simply offered once more.
+            for _ in range(_RESERVE_ROUNDS):
+                row = await conn.fetchrow(
+                    queries.RESERVE,
+                    call.key,
+                    call.tenant,
+                    call.run_id,
+                    call.tool_call_id,
+                    call.agent,
+                    tool_name,
+                    side_effect.value,
+                    initial.value,
+                    payload.text,
+                    payload.sha256,
+                    owner,
+                    lease,
+                )
+                if row is not None:
+                    record = to_record(row)
+                    outcome = Reservation.NEW if row["inserted"] else Reservation.RETRY
+                    if record.status is Status.AWAITING_APPROVAL:
+                        outcome = Reservation.AWAITING_APPROVAL
+                    self.annotate(record, outcome)
+                    return ReserveResult(outcome=outcome, record=record)
+                existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
+                if existing is None:  # pragma: no cover - rows are never deleted while a key is live
+                    raise RecordNotFoundError(call.key)
+                record = to_record(existing)
+                if record.tenant != call.tenant:
+                    raise TenantMismatchError(call.key)
+                if record.payload_sha256 != payload.sha256:
+                    break
+                if record.status is Status.AWAITING_APPROVAL and record.approved_at is not None:
+                    claimed = await conn.fetchrow(
+                        queries.CLAIM_APPROVED, call.key, owner, payload.sha256, lease
+                    )
+                    if claimed is None:
+                        continue  # someone else claimed it; read it again
+                    record = to_record(claimed)
+                    self.annotate(record, Reservation.NEW)
+                    return ReserveResult(outcome=Reservation.NEW, record=record)
+                # A failed call that was ever in conflict is not re-sent (open: its owner says it
+                # took effect; acknowledged: an operator set its final status), nor a final refusal.
+                final = record.failure_kind is not None and record.failure_kind.is_final
+                if record.status is not Status.FAILED or record.conflict_at is not None or final:
+                    outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
+                    self.annotate(record, outcome)
+                    metrics.record_replay(record)
+                    return ReserveResult(outcome=outcome, record=record)
+            else:
+                raise LedgerUnavailableError(
+                    f"reserving {call.key!r} kept racing other reservations; nothing was sent"
+                )
+        await self.refuse_other_payload(
+            call.key, owner=owner, recorded_sha256=record.payload_sha256, offered=payload
+        )
+
+    # -- outcomes from the owner -----------------------------------------------------------------
+
+    async def complete(
+        self, key: str, *, owner: str, result: Any, result_reference: str | None = None
+    ) -> ToolExecutionRecord:
+        """The owner reports success. Anyone else's report, or a late one, is logged and ignored."""
+        async with self.connection("complete", key=key) as conn:
+            row = await conn.fetchrow(queries.COMPLETE_STARTED, key, owner, to_json(result), result_reference)
+            if row is not None:
+                record = to_record(row)
+                self.annotate(record)
+                return record
+        return await self._late_owner_outcome(
+            key,
+            owner=owner,
+            to=Status.COMPLETED,
+            result=result,
+            result_reference=result_reference,
+        )
+
+    async def fail(self, key: str, *, owner: str, kind: FailureKind, error: str) -> ToolExecutionRecord:
+        """The owner reports that the call did not take effect: not attempted, or rejected."""
+        async with self.connection("fail", key=key) as conn:
+            row = await conn.fetchrow(queries.FAIL_STARTED, key, owner, kind.value, error)
+            if row is not None:
+                record = to_record(row)
+                self.annotate(record)
+                return record
+        return await self._late_owner_outcome(
+            key, owner=owner, to=Status.FAILED, failure_kind=kind, error=error
+        )
+
+    async def _late_owner_outcome(
+        self,
+        key: str,
+        *,
+        owner: str,
+        to: Status,
+        result: Any = None,
+        result_reference: str | None = None,
+        failure_kind: FailureKind | None = None,
+        error: str | None = None,
+    ) -> ToolExecutionRecord:
+        """The slow path: the row is not `started` by this owner any more.
+
+        - Already exactly what this owner's report would make it: our own write, whose commit
+          answer was lost and which a retry repeats. It is returned as it stands, with no event.
+        - `indeterminate` and ours: the answer arrived late but it is the truth; it settles the call.
+        - Settled by someone else, reported by an attempt that owned the call, and contradicting the
+          decision: flagged as a conflict (ledger.conflicts); the decision stands.
+        - Anything else (not an owner, or a report that agrees): appended as an event and ignored.
+        """
+        reported = {"result": result, "error": error, "failure_kind": failure_kind}
+        async with self.connection("late_outcome", key=key) as conn, conn.transaction():
+            row = await conn.fetchrow(queries.SELECT_RECORD_FOR_UPDATE, key)
+            if row is None:
+                raise RecordNotFoundError(key)
+            current = to_record(row)
+            if _already_recorded(current, owner, to, result, result_reference, failure_kind, error):
+                return current
+            if current.owner == owner and current.status is Status.INDETERMINATE:
+                return await self._apply_late(conn, current, owner, to, reported, result_reference)
+            was_owner = current.owner == owner or await conn.fetchval(queries.WAS_OWNER, key, owner)
+            if was_owner and contradicts(current.status, to):
+                if not same_report(current, reported_by=owner, reported=to):
+                    current = await self.flag_conflict(
+                        conn,
+                        current,
+                        reported_by=owner,
+                        source=EventSource.OWNER,
+                        reported=to,
+                        outcome={**reported, "result_reference": result_reference},
+                    )
+                why = f"contradicts the decision ({current.status} by {current.settled_by}): conflict"
+            else:
+                why = "not the owner" if not was_owner else f"call is {current.status}"
+                await self.insert_event(
+                    conn,
+                    key,
+                    actor=owner,
+                    kind="outcome_ignored",
+                    source=EventSource.OWNER,
+                    from_status=current.status,
+                    reason=why,
+                    detail={"reported": to.value, **reported},
+                )
+        raise OutcomeIgnoredError(
+            key,
+            current.status.value,
+            f"record {to.value} ({why})",
+            settled_by=current.settled_by,
+            settled_at=current.settled_at,
+        )
+
+    async def _apply_late(
+        self,
+        conn: Any,
+        current: ToolExecutionRecord,
+        owner: str,
+        to: Status,
+        reported: dict[str, Any],
+        result_reference: str | None,
+    ) -> ToolExecutionRecord:
+        key, reason = current.key, "late outcome from the call's owner"
+        if to is Status.COMPLETED:
+            updated = await conn.fetchrow(
+                queries.SET_COMPLETED,
+                key,
+                current.status.value,
+                to_json(reported["result"]),
+                result_reference,
+                owner,
+                reason,
+                None,
+            )
+        else:
+            assert reported["failure_kind"] is not None
+            updated = await conn.fetchrow(
+                queries.SET_FAILED,
+                key,
+                current.status.value,
+                reported["failure_kind"].value,
+                reported["error"],
+                owner,
+                reason,
+                None,
+            )
+        await self.insert_event(
+            conn,
+            key,
+            actor=owner,
+            kind=f"late_{to.value}",
+            source=EventSource.OWNER,
+            from_status=current.status,
+            to_status=to,
+            reason=reason,
+        )
+        record = to_record(updated)
+        self.annotate(record, "late_outcome_applied")
+        since = await conn.fetchval(queries.ENTERED_STATUS_AT, key, current.status.value)
+        metrics.record_settled(record, current.status, EventSource.OWNER, since)
+        return record
+
+    async def mark_indeterminate(
+        self, key: str, *, actor: str, reason: str, source: EventSource = EventSource.INSPECTOR
+    ) -> ToolExecutionRecord:
+        """`started` becomes `indeterminate`: it may have taken effect and nobody knows yet.
+
+        Returns the record as it stands afterwards; a call already past `started` is left alone.
+        """
+        async with self.connection("mark_indeterminate", key=key) as conn, conn.transaction():
+            row = await conn.fetchrow(queries.SET_INDETERMINATE, key, reason)
+            if row is None:
+                current = await conn.fetchrow(queries.SELECT_RECORD, key)
+                if current is None:
+                    raise RecordNotFoundError(key)
+                return to_record(current)
+            await self.insert_event(
+                conn,
+                key,
+                actor=actor,
+                kind="indeterminate",
+                source=source,
+                from_status=Status.STARTED,
+                to_status=Status.INDETERMINATE,
+                reason=reason,
+            )
+            record = to_record(row)
+            self.annotate(record)
+        return record

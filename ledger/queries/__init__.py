@@ -1,0 +1,137 @@
+"""Every SQL statement the ledger runs, by name. Values always travel as $n parameters.
+
+The statements live by the ledger's own domains, one module each (calls, the queue, decisions,
+guards, lineage, conflicts, resends, compensations, retention, tokens, conversations, run ids);
+every name is re-exported here, so `from onceflow.ledger import queries; queries.RESERVE` reads the
+same wherever a statement lives. A new statement goes into its domain's module and into this list.
+"""
+
+from onceflow.ledger.queries.calls import (
+    COMPLETE_STARTED,
+    FAIL_STARTED,
+    INSERT_EVENT,
+    RESERVE,
+    SELECT_EVENTS,
+    SELECT_RECORD,
+    SELECT_RECORD_FOR_UPDATE,
+    SET_COMPLETED,
+    SET_FAILED,
+    SET_INDETERMINATE,
+    STATUS_OF_KEY,
+)
+from onceflow.ledger.queries.compensations import (
+    CLAIM_OF_REQUEST,
+    EVENT_OF_KEY,
+    LATEST_EVENT_OF_KIND,
+)
+from onceflow.ledger.queries.conflicts import (
+    ACKNOWLEDGE_CONFLICT,
+    FLAG_CONFLICT,
+    WAS_OWNER,
+)
+from onceflow.ledger.queries.conversations import (
+    INSERT_CONVERSATION_MESSAGE,
+    SELECT_CONVERSATION,
+)
+from onceflow.ledger.queries.decisions import (
+    APPROVE,
+    CLAIM_APPROVED,
+    DENY,
+    ESCALATE,
+    RELEASE,
+    SELECT_FOR_DECISION,
+    SET_COMPENSATED,
+)
+from onceflow.ledger.queries.guards import (
+    ENTITY_BUDGET_USED,
+    GUARDED_RESERVE,
+)
+from onceflow.ledger.queries.lineage import (
+    HELD_BEHIND,
+    HELD_RUNS_BEHIND,
+    LINEAGE,
+)
+from onceflow.ledger.queries.queue import (
+    COUNT_UNRESOLVED,
+    ENTERED_STATUS_AT,
+    LIST_UNRESOLVED,
+    QUEUE_FIGURES,
+)
+from onceflow.ledger.queries.resends import (
+    LATEST_RESEND,
+    SELECT_FOR_RESEND,
+)
+from onceflow.ledger.queries.retention import (
+    ARCHIVE_EVENTS,
+    ARCHIVE_EXECUTIONS,
+    COUNT_EVENTS,
+    DELETE_EVENTS,
+    DELETE_EXECUTIONS,
+    LOCK_PURGEABLE,
+    PURGE_CANDIDATES,
+    PURGE_CUTOFF,
+    SET_PURGE_CUTOFF,
+)
+from onceflow.ledger.queries.run_ids import (
+    CLAIM_RUN_ID,
+)
+from onceflow.ledger.queries.tokens import (
+    INSERT_TOKEN,
+    LIST_TOKENS,
+    REVOKE_TOKEN,
+    SELECT_ACTIVE_TOKEN,
+)
+
+__all__ = [
+    "ACKNOWLEDGE_CONFLICT",
+    "APPROVE",
+    "ARCHIVE_EVENTS",
+    "ARCHIVE_EXECUTIONS",
+    "CLAIM_APPROVED",
+    "CLAIM_OF_REQUEST",
+    "CLAIM_RUN_ID",
+    "COMPLETE_STARTED",
+    "COUNT_EVENTS",
+    "COUNT_UNRESOLVED",
+    "DELETE_EVENTS",
+    "DELETE_EXECUTIONS",
+    "DENY",
+    "ENTERED_STATUS_AT",
+    "ENTITY_BUDGET_USED",
+    "ESCALATE",
+    "EVENT_OF_KEY",
+    "FAIL_STARTED",
+    "FLAG_CONFLICT",
+    "GUARDED_RESERVE",
+    "HELD_BEHIND",
+    "HELD_RUNS_BEHIND",
+    "INSERT_CONVERSATION_MESSAGE",
+    "INSERT_EVENT",
+    "INSERT_TOKEN",
+    "LATEST_EVENT_OF_KIND",
+    "LATEST_RESEND",
+    "LINEAGE",
+    "LIST_TOKENS",
+    "LIST_UNRESOLVED",
+    "LOCK_PURGEABLE",
+    "PURGE_CANDIDATES",
+    "PURGE_CUTOFF",
+    "QUEUE_FIGURES",
+    "RELEASE",
+    "RESERVE",
+    "REVOKE_TOKEN",
+    "SELECT_ACTIVE_TOKEN",
+    "SELECT_CONVERSATION",
+    "SELECT_EVENTS",
+    "SELECT_FOR_DECISION",
+    "SELECT_FOR_RESEND",
+    "SELECT_RECORD",
+    "SELECT_RECORD_FOR_UPDATE",
+    "SET_COMPENSATED",
+    "SET_COMPLETED",
+    "SET_FAILED",
+    "SET_INDETERMINATE",
+    "SET_PURGE_CUTOFF",
+    "STATUS_OF_KEY",
+    "WAS_OWNER",
+]

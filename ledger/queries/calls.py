@@ -1,0 +1,107 @@
+"""A call's own path: reserve it, read it, and the owner's outcome (ledger/calls.py, ledger/reads.py)."""
+
+# Reserve is one atomic statement. A new key is inserted; a key whose last attempt failed (and so
+# did not take effect) is re-reserved with attempt + 1 under the same payload; anything else is left
+# untouched and RETURNING yields nothing, so the caller reads the row and decides by its status.
+RESERVE = """
+WITH reserved AS (
+    INSERT INTO tool_executions AS t
+        (key, tenant, run_id, tool_call_id, agent, tool_name, side_effect, status,
+         payload, payload_sha256, owner, lease_expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, clock_timestamp() + $12::interval)
+    ON CONFLICT (key) DO UPDATE
+        SET status = EXCLUDED.status,
+            attempt = t.attempt + 1,
+            owner = EXCLUDED.owner,
+            lease_expires_at = EXCLUDED.lease_expires_at,
+            result = NULL, result_reference = NULL, failure_kind = NULL, error = NULL,
+            settled_at = NULL, settled_by = NULL, reason = NULL, evidence = NULL,
+            approved_by = NULL, approved_at = NULL, escalated_to = NULL, escalated_at = NULL,
+            conflict_at = NULL, conflict_detail = NULL,
+            conflict_cleared_at = NULL, conflict_cleared_by = NULL,
+            updated_at = clock_timestamp()
+        WHERE t.status = 'failed' AND t.payload_sha256 = EXCLUDED.payload_sha256
+          AND t.tenant = EXCLUDED.tenant
+          -- A refusal on policy grounds or by a guard, and a release, are final for their key.
+          AND coalesce(t.failure_kind, '') NOT IN ('policy_refused', 'guard_refused', 'released')
+          -- A call that was ever in conflict is never sent again: open, its owner says it took
+          -- effect; acknowledged, an operator set what the world is, for good.
+          AND t.conflict_at IS NULL
+    RETURNING t.*, (xmax = 0) AS inserted
+), logged AS (
+    INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, detail)
+    SELECT key, owner, 'reserved', 'owner', CASE WHEN inserted THEN NULL ELSE 'failed' END, status,
+           jsonb_build_object('attempt', attempt)
+    FROM reserved
+)
+SELECT * FROM reserved
+"""
+
+SELECT_RECORD = "SELECT * FROM tool_executions WHERE key = $1"
+
+SELECT_RECORD_FOR_UPDATE = "SELECT * FROM tool_executions WHERE key = $1 FOR UPDATE"
+
+STATUS_OF_KEY = "SELECT status FROM tool_executions WHERE key = $1"
+
+SELECT_EVENTS = "SELECT * FROM tool_execution_events WHERE key = $1 ORDER BY id"
+
+INSERT_EVENT = """
+INSERT INTO tool_execution_events
+    (key, actor, kind, from_status, to_status, reason, evidence, detail, source)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9)
+"""
+
+# The hot path: the owner of a started call records its result. One statement, event included.
+COMPLETE_STARTED = """
+WITH done AS (
+    UPDATE tool_executions
+       SET status = 'completed', result = $3::jsonb, result_reference = $4,
+           settled_at = clock_timestamp(), settled_by = owner, updated_at = clock_timestamp()
+     WHERE key = $1 AND owner = $2 AND status = 'started'
+    RETURNING *
+), logged AS (
+    INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status)
+    SELECT key, owner, 'completed', 'owner', 'started', 'completed' FROM done
+)
+SELECT * FROM done
+"""
+
+FAIL_STARTED = """
+WITH done AS (
+    UPDATE tool_executions
+       SET status = 'failed', failure_kind = $3, error = $4,
+           settled_at = clock_timestamp(), settled_by = owner, updated_at = clock_timestamp()
+     WHERE key = $1 AND owner = $2 AND status = 'started'
+    RETURNING *
+), logged AS (
+    INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, reason)
+    SELECT key, owner, 'failed', 'owner', 'started', 'failed', failure_kind || ': ' || error FROM done
+)
+SELECT * FROM done
+"""
+
+# Guarded transitions: compare-and-set on the status the caller saw. No row back means it moved.
+SET_COMPLETED = """
+UPDATE tool_executions
+   SET status = 'completed', result = $3::jsonb, result_reference = $4,
+       settled_at = clock_timestamp(), settled_by = $5, reason = $6, evidence = $7::jsonb,
+       updated_at = clock_timestamp()
+ WHERE key = $1 AND status = $2
+RETURNING *
+"""
+
+SET_FAILED = """
+UPDATE tool_executions
+   SET status = 'failed', failure_kind = $3, error = $4,
+       settled_at = clock_timestamp(), settled_by = $5, reason = $6, evidence = $7::jsonb,
+       updated_at = clock_timestamp()
+ WHERE key = $1 AND status = $2
+RETURNING *
+"""
+
+SET_INDETERMINATE = """
+UPDATE tool_executions
+   SET status = 'indeterminate', error = $2, updated_at = clock_timestamp()
+ WHERE key = $1 AND status = 'started'
+RETURNING *
+"""

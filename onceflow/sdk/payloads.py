@@ -52,7 +52,6 @@ from onceflow.sdk.signal_payloads import (
     ResolveSignal,
 )
 
-
 __all__ = [
     "RESULT_MAX_DEPTH",
     "AgentRunInput",

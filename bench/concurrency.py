@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from e2e import (  # bench/e2e.py, beside this file
+from e2e_stack import (  # bench/e2e_stack.py, beside this file
     AGENT,
     AGENTS,
     AMOUNT_CENTS,

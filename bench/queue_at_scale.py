@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from e2e import free_ports  # bench/e2e.py, beside this file
+from e2e_stack import free_ports  # bench/e2e_stack.py, beside this file
 
 from onceflow.cli.dev import DevStack, StackConfig
 from onceflow.ledger import CallIdentity, Guard, Ledger, OperatorTokens, SideEffect

@@ -27,8 +27,8 @@ import pytest
 
 from onceflow.drill.intents import INVARIANT as INTENT_INVARIANT
 from onceflow.drill.intents import AppliedCredit
+from onceflow.drill.judge import Downstream, RunEnd, check_run
 from onceflow.drill.points import MARKERS_ENV, KillPoint, arm, claim, read_held, still_armed
-from onceflow.drill.report import Downstream, RunEnd, check_run
 from onceflow.drill.scenario import (
     INTENT_OF_CALL,
     ORIGINAL_CALL,

@@ -1,5 +1,8 @@
 """After the drill: compare the ledger, the billing service and the runs, and say what held.
 
+Each run is judged in judge.py (`check_run`); here the inputs are gathered from the ledger and
+billing, the checks that look across runs are added, the totals counted, and the report rendered.
+
 The headline is counted at the receiver: billing records every credit request on arrival, before
 any dedup, and the drill runs it with `--no-dedup`, so a key onceflow sent twice shows twice
 (sends.py). Invariants (each must hold for the drill to pass, and each can fail):
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,18 +39,18 @@ import asyncpg
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from onceflow.drill.intents import INVARIANT as INTENT_INVARIANT
-from onceflow.drill.intents import AppliedCredit, IntentCheck, judge_intents
+from onceflow.drill.intents import AppliedCredit
+from onceflow.drill.judge import CHECKED_BY_RECORDS, Downstream, RunCheck, RunEnd, check_run
 from onceflow.drill.points import KillPoint, still_armed
-from onceflow.drill.scenario import OWED_CALL, REISSUE_CALL, TENANT, WRITE_CALLS, DrillConfig, PlannedRun
-from onceflow.drill.sends import EVENTS, Reruns, judge_sends, reruns_by_key
+from onceflow.drill.scenario import OWED_CALL, REISSUE_CALL, TENANT, DrillConfig, PlannedRun
+from onceflow.drill.sends import EVENTS, reruns_by_key
 from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import FailureKind, Ledger, Status
-from onceflow.sdk.payloads import AgentRunResult
 from onceflow.workflows.reconcile import reconcile_workflow_id
 
 if TYPE_CHECKING:
     from onceflow.drill.kills import Killer
+
 
 # Read-only: what the ledger holds for the drill's tenant (the ledger API reads one key at a time).
 _ROWS = """
@@ -57,65 +59,6 @@ SELECT key, run_id, tool_call_id, tool_name, status, failure_kind, settled_by, a
        (payload->'arguments'->>'amount_cents')::bigint AS amount_cents
 FROM tool_executions WHERE tenant = $1
 """
-
-
-CHECKED_BY_RECORDS = (
-    "no_key_sent_more_than_once",
-    INTENT_INVARIANT,
-    "no_request_without_ledger_record",
-    "one_ledger_record_per_write_call",
-    "at_most_one_effect_per_key",
-    "completed_calls_took_effect_once",
-    "failed_calls_took_no_effect",
-    "no_effect_without_ledger_record",
-    "runs_agree_with_ledger",
-    "no_run_lost",
-    "unresolved_calls_are_visible",
-)
-
-
-@dataclass
-class RunEnd:
-    outcome: str  # completed | failed | waiting | stuck
-    detail: str = ""
-    result: AgentRunResult | None = None
-
-
-@dataclass(frozen=True)
-class Downstream:
-    """What billing and the ledger's history say per key: credits applied, credit requests received,
-    and re-reservations after failures."""
-
-    effects: Mapping[str, int]
-    received: Mapping[str, int]
-    reruns: Mapping[str, Reruns] = field(default_factory=dict)
-    credits: Sequence[AppliedCredit] = ()  # every credit billing applied: key, account, amount
-    held: frozenset[str] = frozenset()  # keys the ledger held behind a twin at some point (events)
-
-
-@dataclass
-class CallCheck:
-    key: str
-    records: int
-    status: str | None
-    effects: int
-    run_says: str | None = None
-    settled_by: str | None = None
-    received: int = 0  # credit requests billing received with this key
-    legit_resends: int = 0  # of those, re-sends after a "not attempted" failure
-    extra_sends: int = 0  # of those, re-sends nothing allows
-    reused_from: str | None = None  # handed this earlier call's result by the intent guard; not sent
-
-
-@dataclass
-class RunCheck:
-    run_id: str
-    point: str | None
-    outcome: str
-    detail: str
-    calls: list[CallCheck]
-    problems: list[str] = field(default_factory=list)
-    intents: list[IntentCheck] = field(default_factory=list)
 
 
 @dataclass
@@ -193,84 +136,6 @@ class DrillReport:
             f"(+{self.teardown_seconds:.0f}s to stop the processes); folder: {self.run_dir}"
         )
         return "\n".join(lines)
-
-
-def check_run(
-    plan: PlannedRun, end: RunEnd | None, rows: Sequence[Mapping[str, Any]], downstream: Downstream
-) -> RunCheck:
-    by_call = Counter(row["tool_call_id"] for row in rows)
-    row_of = {row["tool_call_id"]: row for row in rows}
-    says = {}
-    if end is not None and end.result is not None:
-        says = {c.tool_call_id: c.status for c in end.result.calls}
-    outcome = end.outcome if end else "not started"
-    check = RunCheck(
-        plan.run_id, plan.point.value if plan.point else None, outcome, end.detail if end else "", []
-    )
-
-    def flag(invariant: str, message: str) -> None:
-        check.problems.append(f"{invariant}: {message}")
-
-    for call in WRITE_CALLS:
-        key = f"{plan.run_id}:{call}"
-        row = row_of.get(call)
-        status = row["status"] if row else None
-        sends = judge_sends(downstream.received.get(key, 0), downstream.reruns.get(key))
-        found = CallCheck(
-            key,
-            by_call[call],
-            status,
-            downstream.effects.get(key, 0),
-            says.get(call),
-            row["settled_by"] if row else None,
-            received=sends.received,
-            legit_resends=sends.legit_resends,
-            extra_sends=sends.extra,
-            reused_from=row.get("reused_from") if row else None,
-        )
-        check.calls.append(found)
-        if found.extra_sends:
-            flag(
-                "no_key_sent_more_than_once",
-                f"{key}: billing received it {found.received} times"
-                f" ({found.legit_resends} re-sends after not-attempted allowed)",
-            )
-        reruns = downstream.reruns.get(key, Reruns())
-        if row and row.get("attempt", 1) - 1 != reruns.after_not_attempted + reruns.after_other_failure:
-            # The events must explain every re-reservation, or re-sends cannot be told apart.
-            flag(
-                "no_key_sent_more_than_once",
-                f"{key}: attempt {row['attempt']}, yet its events show "
-                f"{reruns.after_not_attempted + reruns.after_other_failure} re-reservations",
-            )
-        if found.received and status is None:
-            flag("no_request_without_ledger_record", f"{key}: sent without a ledger record")
-        if found.records > 1:
-            flag("one_ledger_record_per_write_call", f"{key}: {found.records} ledger records")
-        if found.records == 0 and outcome == "completed":
-            flag("one_ledger_record_per_write_call", f"{key}: the run completed, the ledger has no record")
-        if found.effects > 1:
-            flag("at_most_one_effect_per_key", f"{key}: applied {found.effects} times")
-        wanted = 0 if found.reused_from else 1  # a reused call was never sent
-        if status == Status.COMPLETED and found.effects != wanted:
-            flag("completed_calls_took_effect_once", f"{key}: completed, {found.effects} effects in billing")
-        if status == Status.FAILED and found.effects != 0:
-            flag("failed_calls_took_no_effect", f"{key}: failed, yet applied {found.effects} times")
-        if status is None and found.effects:
-            flag("no_effect_without_ledger_record", f"{key}: took effect without a ledger record")
-        if outcome == "completed" and found.run_says != status:
-            flag("runs_agree_with_ledger", f"{key}: the run says {found.run_says}, the ledger {status}")
-    for call in set(by_call) - set(WRITE_CALLS):
-        flag(
-            "one_ledger_record_per_write_call", f"{plan.run_id}:{call}: a record for a call that is no write"
-        )
-    if outcome not in ("completed", "waiting"):
-        flag("no_run_lost", f"{plan.run_id}: {outcome} {check.detail}".strip())
-    check.intents, problems = judge_intents(
-        plan, outcome, rows, downstream.credits, downstream.received, downstream.held
-    )
-    check.problems += problems
-    return check
 
 
 async def _explain(key: str, status: str, ledger: Ledger, client: Client) -> Unresolved:

@@ -17,10 +17,11 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
+from onceflow.drill.judge import RunEnd
 from onceflow.drill.kills import Killer
 from onceflow.drill.points import arm, still_armed
 from onceflow.drill.processes import NAMESPACE, TASK_QUEUE, DrillProcesses
-from onceflow.drill.report import DrillReport, RunEnd, collect_report
+from onceflow.drill.report import DrillReport, collect_report
 from onceflow.drill.reserve import ReserveTrap
 from onceflow.drill.scenario import (
     AGENT,

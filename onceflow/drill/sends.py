@@ -36,7 +36,7 @@ class Reruns:
 
 def _failed_not_attempted(event: Mapping[str, Any]) -> bool:
     # Only the owner reports "not attempted"; its `failed` event gives the kind first in its reason
-    # (ledger/queries.py FAIL_STARTED: "<failure_kind>: <error>").
+    # (ledger/queries/calls.py FAIL_STARTED: "<failure_kind>: <error>").
     reason = event.get("reason") or ""
     return event["kind"] == "failed" and reason.startswith(f"{FailureKind.NOT_ATTEMPTED.value}:")
 

@@ -21,11 +21,10 @@ from onceflow.ledger import (
     CallIdentity,
     EventSource,
     FailureKind,
-    Guard,
     Ledger,
+    ResendInFlightError,
     Reservation,
     ReserveResult,
-    ResendInFlightError,
     SideEffect,
     Status,
 )
@@ -64,7 +63,20 @@ class CompoundRules:
     def pool(self, index: int) -> Ledger:
         raise NotImplementedError
 
-    def guarded(self, run_id: str, call: str, amount: int, **how: Any) -> ReserveResult | None:
+    def guarded(
+        self,
+        run_id: str,
+        call: str,
+        amount: int,
+        *,
+        intent: str,
+        heard: frozenset[str],
+        exclusive: bool,
+        budget: bool,
+        owner: str,
+        lease: timedelta,
+        via: int,
+    ) -> ReserveResult | None:
         raise NotImplementedError
 
     def purge(self) -> None:
@@ -77,21 +89,37 @@ class CompoundRules:
         self.scenarios += 1
         return f"s{self.scenarios}"
 
-    def hold(self, run_id: str, call: str, heard: frozenset[str] = frozenset(), budget: bool = False) -> Any:
+    def hold(
+        self, run_id: str, call: str, heard: frozenset[str] = frozenset(), budget: bool = False
+    ) -> ReserveResult | None:
         """A guarded call with `hold`, a long lease and no entity slot; budget 1 if `budget`."""
-        how = {"intent": "hold", "heard": heard, "exclusive": False, "budget": budget}
-        return self.guarded(run_id, call, 1, **how, owner="w1", lease=LONG, via=0)
+        return self.guarded(
+            run_id,
+            call,
+            1,
+            intent="hold",
+            heard=heard,
+            exclusive=False,
+            budget=budget,
+            owner="w1",
+            lease=LONG,
+            via=0,
+        )
 
     def into_conflict(self, key: str, kind: FailureKind) -> None:
         """The owner reports a failure, then a reconciler's late report says it took effect."""
         self.run(self.pools[0].fail(key, owner="w1", kind=kind, error=kind.value))
-        record = self.run(self.pools[1].record_late_outcome(key, actor="reconciler:hook", status=Status.COMPLETED))
+        record = self.run(
+            self.pools[1].record_late_outcome(key, actor="reconciler:hook", status=Status.COMPLETED)
+        )
         assert record.has_conflict, f"a late completed report on failed {key} raised no conflict"
 
     # -- the intent rule, with and without `heard` ----------------------------------------------
 
     @rule(
-        cases=st.lists(st.tuples(st.sampled_from(TWIN_STATES), st.booleans()), min_size=1, max_size=5, unique=True),
+        cases=st.lists(
+            st.tuples(st.sampled_from(TWIN_STATES), st.booleans()), min_size=1, max_size=5, unique=True
+        ),
         kind=st.sampled_from((FailureKind.NOT_ATTEMPTED, FailureKind.REJECTED)),
         release=st.booleans(),
     )
@@ -121,7 +149,9 @@ class CompoundRules:
             )
             if release and twin.outcome is Reservation.HELD:
                 released = self.run(
-                    inv.attempt(self.pools[2].release(twin.record.key, actor="operator:alice", reason="never sent"))
+                    inv.attempt(
+                        self.pools[2].release(twin.record.key, actor="operator:alice", reason="never sent")
+                    )
                 )
                 assert not isinstance(released, Exception), f"releasing held {twin.record.key}: {released!r}"
                 assert (released.status, released.failure_kind) == (Status.FAILED, FailureKind.RELEASED), (
@@ -156,7 +186,9 @@ class CompoundRules:
             assert again is not None and not again.may_send, (
                 f"{key}, acknowledged {status.value} after a conflict, was handed out again ({again and again.outcome})"
             )
-            assert again.record.status is status, f"{key} acknowledged {status.value} is now {again.record.status}"
+            assert again.record.status is status, (
+                f"{key} acknowledged {status.value} is now {again.record.status}"
+            )
 
     def plain(self, run_id: str) -> ReserveResult:
         identity = CallIdentity(tenant="t1", run_id=run_id, tool_call_id="c0")

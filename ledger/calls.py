@@ -244,7 +244,8 @@ class CallPath(GuardedReservations, ConflictFlags):
         - `indeterminate` and ours: the answer arrived late but it is the truth; it settles the call.
         - Settled by someone else, reported by an attempt that owned the call, and contradicting the
           decision: flagged as a conflict (ledger.conflicts); the decision stands.
-        - Anything else (not an owner, or a report that agrees): appended as an event and ignored.
+        - Anything else (not an owner, a report that agrees, or a reused call, never sent under its
+          key): appended as an event and ignored.
         """
         reported = {"result": result, "error": error, "failure_kind": failure_kind}
         async with self.connection("late_outcome", key=key) as conn, conn.transaction():
@@ -257,7 +258,8 @@ class CallPath(GuardedReservations, ConflictFlags):
             if current.owner == owner and current.status is Status.INDETERMINATE:
                 return await self._apply_late(conn, current, owner, to, reported, result_reference)
             was_owner = current.owner == owner or await conn.fetchval(queries.WAS_OWNER, key, owner)
-            if was_owner and contradicts(current.status, to):
+            # A reused call was never sent under its key: a report about it contradicts nothing.
+            if current.reused_from is None and was_owner and contradicts(current.status, to):
                 if not same_report(current, reported_by=owner, reported=to):
                     current = await self.flag_conflict(
                         conn,
@@ -270,6 +272,8 @@ class CallPath(GuardedReservations, ConflictFlags):
                 why = f"contradicts the decision ({current.status} by {current.settled_by}): conflict"
             else:
                 why = "not the owner" if not was_owner else f"call is {current.status}"
+                if current.reused_from is not None:
+                    why = f"never sent: answered with the result of {current.reused_from}"
                 await self.insert_event(
                     conn,
                     key,

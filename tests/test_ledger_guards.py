@@ -523,3 +523,27 @@ async def test_a_late_report_about_a_reused_call_changes_nothing(ledger: Ledger)
         await ledger.acknowledge_conflict(
             reused.record.key, actor="operator:ops", status=Status.FAILED, reason="x", evidence={"a": 1}
         )
+
+
+async def test_an_owner_report_about_a_reused_call_changes_nothing(ledger: Ledger) -> None:
+    """The owner a reused call was handed to sent nothing under its key: its report (here a failure)
+    contradicts nothing, raises no conflict and is ignored (found by tests/test_ledger_properties.py:
+    acknowledging such a conflict as compensated broke the reused-is-completed constraint)."""
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.complete(first.record.key, owner="owner-c1", result={"credit_id": "cr_1"})
+    reused = await reserve(ledger, run, "c2", Guard())
+    assert reused.outcome is Reservation.REUSED
+    owner = reused.record.owner
+    assert owner is not None
+
+    with pytest.raises(OutcomeIgnoredError):
+        await ledger.fail(reused.record.key, owner=owner, kind=FailureKind.NOT_ATTEMPTED, error="no")
+    after = await ledger.get(reused.record.key)
+    assert (after.status, after.has_conflict) == (Status.COMPLETED, False)
+    [*_, last] = after.events
+    assert last.kind == "outcome_ignored" and "never sent" in (last.reason or "")
+    with pytest.raises(ConflictNotOpenError):
+        await ledger.acknowledge_conflict(
+            reused.record.key, actor="operator:ops", status=Status.COMPENSATED, reason="x", evidence={"a": 1}
+        )

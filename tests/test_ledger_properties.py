@@ -39,6 +39,7 @@ from onceflow.ledger import (
     Ledger,
     OutcomeIgnoredError,
     PayloadMismatchError,
+    ReserveResult,
     SideEffect,
     Status,
     purge_settled,
@@ -46,6 +47,7 @@ from onceflow.ledger import (
 from onceflow.local.postgres import create_database, drop_database
 from tests.conftest import TEMPLATE
 from tests.support import ledger_invariants as inv
+from tests.support.ledger_scenarios import CompoundRules
 from tests.support.loop_thread import LoopThread
 
 LIMIT = inv.LIMIT
@@ -91,7 +93,7 @@ def _profile() -> settings:
     return settings.get_profile(f"{name}-properties")
 
 
-class LedgerMachine(RuleBasedStateMachine):
+class LedgerMachine(CompoundRules, RuleBasedStateMachine):
     loop: LoopThread
     admin_dsn: str
 
@@ -105,6 +107,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.runs = ["r0", "r1"]
         self.plain_runs = ["p0"]
         self.fresh = 2
+        self.scenarios = 0  # runs of the compound rules (tests/support/ledger_scenarios.py)
         self.guarded_calls: dict[str, tuple[str, str, int]] = {}  # key: (run, tool call id, amount)
 
     def run(self, coro: Any) -> Any:
@@ -193,7 +196,7 @@ class LedgerMachine(RuleBasedStateMachine):
         owner: str,
         lease: timedelta,
         via: int,
-    ) -> None:
+    ) -> ReserveResult | None:
         guard = Guard(
             intent=intent,  # type: ignore[arg-type]
             heard=heard,
@@ -217,7 +220,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 )
             )
         except PayloadMismatchError:
-            return  # another amount under a recorded key: refused, nothing changed
+            return None  # another amount under a recorded key: refused, nothing changed
         key = result.record.key
         self.model.live.add(key)
         self.guarded_calls.setdefault(key, (run_id, call, amount))
@@ -226,6 +229,7 @@ class LedgerMachine(RuleBasedStateMachine):
             if budget:  # an admission: what the budget carries now is within the limit
                 carried = self.run(inv.budget_carried(self.pools[0], self.model))
                 assert carried <= LIMIT, f"admitting {key} drew the budget to {carried}"
+        return result
 
     # -- outcomes --------------------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ ENTITY = "acct_1"
 TOOLSET = "billing"
 LIMIT = Decimal(3)
 EVIDENCE = {"checked": "the receiver's records"}
+# Events whose to_status is what someone reported, not a change of the row.
+REPORTS = ("late_outcome", "outcome_ignored")
 SENT = ("reserved", "dispatched")  # events that hand a call to an owner to send (to_status started)
 # Statuses under which a sent call may have taken effect.
 MAY_HAVE_APPLIED = {Status.STARTED, Status.INDETERMINATE, Status.COMPLETED, Status.COMPENSATED}
@@ -177,6 +179,8 @@ async def check(ledger: Ledger, model: Model) -> None:
         (r["amount"] for r in rows.values() if _draws(r) and r["conflict_at"] is not None), Decimal(0)
     )
     carried = await budget_carried(ledger, model)
+    ledger_says = await ledger_budget(ledger)
+    assert ledger_says == carried, f"the ledger reads the budget as {ledger_says}, the rows say {carried}"
     # Only a late report contradicting a decision (a conflict) can carry a budget past its limit.
     assert carried <= LIMIT + conflicted, f"the budget carries {carried} over the limit {LIMIT}"
 
@@ -229,8 +233,8 @@ def _no_decision_during_a_resend(row: dict[str, Any], events: list[dict[str, Any
 
 def _decision_stands(row: dict[str, Any], events: list[dict[str, Any]]) -> None:
     """The row is what its last status-changing event says; a settlement names who made it."""
-    # A `late_outcome` event records what a reconciler reported (to_status), not a change: skipped.
-    changes = [e for e in events if e["to_status"] is not None and e["kind"] != "late_outcome"]
+    # A `late_outcome` or `outcome_ignored` event records what was reported (to_status), not a change.
+    changes = [e for e in events if e["to_status"] is not None and e["kind"] not in REPORTS]
     assert changes, f"{row['key']} has no event that put it where it is"
     last = changes[-1]
     assert last["to_status"] == row["status"], (
@@ -267,7 +271,7 @@ def _state_at(events: list[dict[str, Any]], before: int) -> tuple[Status | None,
     for event in events:
         if event["id"] >= before:
             break
-        if event["to_status"] is not None and event["kind"] != "late_outcome":
+        if event["to_status"] is not None and event["kind"] not in REPORTS:
             status = Status(event["to_status"])
         if event["kind"] == "outcome_conflict":
             conflict = True

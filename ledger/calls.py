@@ -18,7 +18,7 @@ from onceflow import metrics
 from onceflow.ledger import queries
 from onceflow.ledger.base import to_json
 from onceflow.ledger.canonical import canonical_payload
-from onceflow.ledger.conflicts import ConflictFlags, contradicts, same_report
+from onceflow.ledger.conflicts import ConflictFlags, contradicts, never_sent, same_report
 from onceflow.ledger.errors import (
     LedgerUnavailableError,
     OutcomeIgnoredError,
@@ -258,8 +258,8 @@ class CallPath(GuardedReservations, ConflictFlags):
             if current.owner == owner and current.status is Status.INDETERMINATE:
                 return await self._apply_late(conn, current, owner, to, reported, result_reference)
             was_owner = current.owner == owner or await conn.fetchval(queries.WAS_OWNER, key, owner)
-            # A reused call was never sent under its key: a report about it contradicts nothing.
-            if current.reused_from is None and was_owner and contradicts(current.status, to):
+            unsent = never_sent(current)
+            if unsent is None and was_owner and contradicts(current.status, to):
                 if not same_report(current, reported_by=owner, reported=to):
                     current = await self.flag_conflict(
                         conn,
@@ -271,9 +271,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     )
                 why = f"contradicts the decision ({current.status} by {current.settled_by}): conflict"
             else:
-                why = "not the owner" if not was_owner else f"call is {current.status}"
-                if current.reused_from is not None:
-                    why = f"never sent: answered with the result of {current.reused_from}"
+                why = unsent or ("not the owner" if not was_owner else f"call is {current.status}")
                 await self.insert_event(
                     conn,
                     key,

@@ -31,6 +31,14 @@ def contradicts(settled: Status, reported: Status) -> bool:
     return (reported is Status.COMPLETED) != (settled in _TOOK_EFFECT)
 
 
+def never_sent(record: ToolExecutionRecord) -> str | None:
+    """Why no report about `record` can contradict anything, or None: a reused call was never sent
+    under its key (it was answered with its twin's result, whose own key carries any conflict)."""
+    if record.reused_from is None:
+        return None
+    return f"never sent: answered with the result of {record.reused_from}"
+
+
 def same_report(record: ToolExecutionRecord, *, reported_by: str, reported: Status) -> bool:
     """Is the record's open conflict this very report (a retried step), so nothing new is to say?"""
     detail = record.conflict_detail if record.has_conflict else None

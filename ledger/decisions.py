@@ -15,7 +15,7 @@ import asyncpg
 from onceflow import metrics
 from onceflow.ledger import queries
 from onceflow.ledger.base import has_evidence, require_text, to_json
-from onceflow.ledger.conflicts import ConflictFlags, contradicts, same_report
+from onceflow.ledger.conflicts import ConflictFlags, contradicts, never_sent, same_report
 from onceflow.ledger.errors import (
     AlreadySettledError,
     EvidenceRequiredError,
@@ -183,10 +183,8 @@ class OperatorDecisions(ConflictFlags):
             if row is None:
                 raise RecordNotFoundError(key)
             current = to_record(row)
-            if current.reused_from is not None:
-                # Never sent under this key: it was answered with its twin's result. A report about
-                # it speaks of nothing this key did, so it can contradict nothing (the twin's own key
-                # carries any conflict); it is kept as an event and changes nothing.
+            unsent = never_sent(current)
+            if unsent is not None:  # kept as an event; it changes nothing
                 await self.insert_event(
                     conn,
                     key,
@@ -195,7 +193,7 @@ class OperatorDecisions(ConflictFlags):
                     source=source,
                     to_status=status,
                     evidence=evidence,
-                    reason=f"never sent: answered with the result of {current.reused_from}",
+                    reason=unsent,
                     detail=detail,
                 )
                 return current

@@ -40,12 +40,11 @@ from e2e_stack import (  # bench/e2e_stack.py, beside this file
     PlainCreditWorkflow,
     activity_latency,
     bench_worker,
-    free_ports,
+    dev_stack,
     percentile,
 )
 from temporalio.client import Client, WorkflowHandle
 
-from onceflow.cli.dev import DevStack, StackConfig
 from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import Ledger
 from onceflow.runtime.agents import build_registry
@@ -95,17 +94,7 @@ async def batch(client: Client, kind: str, in_flight: int, first: int) -> tuple[
 
 async def bench(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="onceflow-concurrency-") as tmp:
-        temporal_port, ui_port, billing_port, api_port = free_ports(4)
-        stack = DevStack(
-            StackConfig(
-                data_dir=Path(tmp) / "stack",
-                temporal_port=temporal_port,
-                ui_port=ui_port,
-                billing_port=billing_port,
-                api_port=api_port,
-                worker=False,
-            )
-        )
+        stack = dev_stack(Path(tmp) / "stack")
         try:
             info = await stack.start()
             os.environ.update(info.environment())  # issue_credit reads ONCEFLOW_BILLING_URL

@@ -244,15 +244,16 @@ def bench_worker(client: Client, ledger: Ledger, registry: AgentRegistry) -> Wor
 
 
 def dev_stack(data_dir: Path) -> DevStack:
-    """Temporal dev server, embedded PostgreSQL and billing service on free ports, and no worker:
-    the bench hosts its own (bench_worker)."""
-    temporal_port, ui_port, billing_port = free_ports(3)
+    """Temporal dev server, embedded PostgreSQL, billing service and operator API on free ports, and
+    no worker: the bench hosts its own (bench_worker), or starts one (bench/waiting.py)."""
+    temporal_port, ui_port, billing_port, api_port = free_ports(4)
     return DevStack(
         StackConfig(
             data_dir=data_dir,
             temporal_port=temporal_port,
             ui_port=ui_port,
             billing_port=billing_port,
+            api_port=api_port,
             worker=False,
         )
     )

@@ -28,9 +28,8 @@ import uuid
 from pathlib import Path
 
 import httpx
-from e2e_stack import free_ports  # bench/e2e_stack.py, beside this file
+from e2e_stack import dev_stack  # bench/e2e_stack.py, beside this file
 
-from onceflow.cli.dev import DevStack, StackConfig
 from onceflow.ledger import CallIdentity, Guard, Ledger, OperatorTokens, SideEffect
 
 TENANT = "bench"
@@ -124,16 +123,7 @@ def line(name: str, values: list[float]) -> str:
 
 async def bench(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="onceflow-queue-") as tmp:
-        temporal_port, ui_port, billing_port, api_port = free_ports(4)
-        config = StackConfig(
-            data_dir=Path(tmp) / "stack",
-            temporal_port=temporal_port,
-            ui_port=ui_port,
-            billing_port=billing_port,
-            api_port=api_port,
-            worker=False,
-        )
-        stack = DevStack(config)
+        stack = dev_stack(Path(tmp) / "stack")
         try:
             info = await stack.start()
             ledger = await Ledger.connect(info.database_url)

@@ -22,15 +22,14 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from e2e_stack import dev_stack  # bench/e2e_stack.py, beside this file
 from temporalio.client import Client
 
-from onceflow.cli.dev import DevStack, StackConfig
 from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import Ledger, Status
 from onceflow.ledger.status import EventSource
@@ -78,19 +77,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 async def count_waiting(ledger: Ledger) -> int:
@@ -170,17 +156,7 @@ async def settle_all(client: Client, ledger: Ledger, run_ids: list[str], concurr
 
 async def bench(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="onceflow-waiting-") as tmp:
-        temporal_port, ui_port, billing_port, api_port = free_ports(4)
-        stack = DevStack(
-            StackConfig(
-                data_dir=Path(tmp) / "stack",
-                temporal_port=temporal_port,
-                ui_port=ui_port,
-                billing_port=billing_port,
-                api_port=api_port,
-                worker=False,
-            )
-        )
+        stack = dev_stack(Path(tmp) / "stack")
         worker: asyncio.subprocess.Process | None = None
         try:
             info = await stack.start()

@@ -2,10 +2,11 @@
 
 # The call (locked by SELECT_RECORD_FOR_UPDATE just before, in the same transaction) with the
 # database's clock and the window's bounds ($2: the window, $3: the lead a resend needs to arrive
-# inside it), and what the reconciler already recorded about resends.
+# inside it), and what the reconciler already recorded about resends. The clock is read once, so
+# the lease is exactly the check plus the lead.
 SELECT_FOR_RESEND = """
-SELECT t.*, clock_timestamp() AS checked_at,
-       clock_timestamp() + $3::interval AS on_the_wire_until,
+SELECT t.*, clock.now AS checked_at,
+       clock.now + $3::interval AS on_the_wire_until,
        t.created_at + $2::interval AS window_ends_at,
        t.created_at + $2::interval - $3::interval AS send_by,
        (SELECT count(*) FROM tool_execution_events e
@@ -13,6 +14,7 @@ SELECT t.*, clock_timestamp() AS checked_at,
        EXISTS (SELECT 1 FROM tool_execution_events e
                 WHERE e.key = t.key AND e.kind = 'resend_window_closed') AS window_closed_noted
   FROM tool_executions t
+ CROSS JOIN (SELECT clock_timestamp() AS now) clock
  WHERE t.key = $1
 """
 

@@ -28,7 +28,7 @@ from onceflow.ledger import (
     TenantMismatchError,
     ToolExecutionRecord,
 )
-from onceflow.ledger.run_ids import RunIds, RunIdTakenError
+from onceflow.ledger.run_ids import RunIdTakenError
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.constants import (
     ACTIVITY_MARGIN,
@@ -60,7 +60,6 @@ class ToolActivities:
         self.ledger = ledger
         self.registry = registry
         self.worker_identity = worker_identity
-        self.run_ids = RunIds(ledger)
         # Run ids this worker saw claimed by the run at hand: a claim never changes hands.
         self._claimed: set[tuple[str, str]] = set()
 
@@ -115,8 +114,9 @@ class ToolActivities:
         """Reserve the key, run the tool once with it, record what happened."""
         tool = self.registry.tool(tool_input.agent, tool_input.call.name)
         call = tool_input.call
-        # First of all, before the ledger or any limit read is asked: is this run's run id its own?
-        await self._claim_run_id(tool_input)
+        # First of all: a run id keys can be built from. Whether it is this run's own is decided by
+        # the reservation, which claims it on the run's first write (ledger/run_ids.py).
+        execution = self._claim_needed(tool_input)
         try:
             arguments, replaces = split_arguments(tool, call)
         except InvalidToolArgumentsError as exc:
@@ -157,9 +157,12 @@ class ToolActivities:
                 # Past this the owner is gone: the activity's own deadline has passed too.
                 lease=tool.effect.timeout + ACTIVITY_MARGIN,
                 guard=guard,
+                execution=execution,
             )
         except GuardArgumentError as exc:
             return refused(call, exc)
+        except RunIdTakenError as exc:
+            raise ApplicationError(str(exc), type=ERR_RUN_ID_TAKEN, non_retryable=True) from exc
         except LedgerUnavailableError as exc:
             raise ApplicationError(
                 f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
@@ -168,6 +171,7 @@ class ToolActivities:
             raise ApplicationError(str(exc), type=ERR_PAYLOAD_MISMATCH, non_retryable=True) from exc
         except TenantMismatchError as exc:
             raise ApplicationError(str(exc), type=ERR_TENANT_MISMATCH, non_retryable=True) from exc
+        self._remember_claim(tool_input)
         if not reservation.may_send:
             return outcome_from_record(
                 reservation.record, replayed=reservation.record.status is Status.COMPLETED
@@ -199,26 +203,22 @@ class ToolActivities:
                 f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
             ) from exc
 
-    async def _claim_run_id(self, tool_input: ToolCallInput) -> None:
-        """Before anything is reserved: the run id must be one keys can be built from, and this run's
-        (claimed by its first write; refused to any other run forever, ledger/run_ids.py)."""
+    def _claim_needed(self, tool_input: ToolCallInput) -> str | None:
+        """The execution to claim this run's run id for, or None when this worker already saw the
+        claim hold (or the run predates claims). Refuses a run id keys cannot be built from."""
         try:
             check_run_id(tool_input.run_id)
         except InvalidRunIdError as exc:
             raise ApplicationError(str(exc), type=ERR_INVALID_RUN_ID, non_retryable=True) from exc
         execution = tool_input.first_execution_run_id
         if execution is None or (tool_input.run_id, execution) in self._claimed:
+            return None
+        return execution
+
+    def _remember_claim(self, tool_input: ToolCallInput) -> None:
+        execution = tool_input.first_execution_run_id
+        if execution is None:
             return
-        try:
-            await self.run_ids.claim(
-                tool_input.run_id, execution=execution, tenant=tool_input.tenant, agent=tool_input.agent
-            )
-        except RunIdTakenError as exc:
-            raise ApplicationError(str(exc), type=ERR_RUN_ID_TAKEN, non_retryable=True) from exc
-        except LedgerUnavailableError as exc:
-            raise ApplicationError(
-                f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
-            ) from exc
         if len(self._claimed) >= _CLAIMS_REMEMBERED:
             self._claimed.clear()
         self._claimed.add((tool_input.run_id, execution))

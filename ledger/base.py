@@ -74,11 +74,30 @@ def check_provenance(actor: str, source: EventSource) -> None:
         raise ProvenanceError(actor, source.value)
 
 
+# While a statement runs, its backend polls the client's socket this often and aborts the statement
+# if the client has gone (PostgreSQL 14 and later). A guarded reservation is one statement: without
+# this, one that waits on a guard's lock for a worker that was killed meanwhile would commit once
+# the lock came free, leaving a `started` call that nobody sent.
+CLIENT_CHECK_INTERVAL = "100ms"
+_CLIENT_CHECK_SINCE = (14,)
+
+
+def watches_client(conn: asyncpg.Connection) -> bool:
+    """Does this connection's backend abort a statement whose client died (see `_set_up`)?"""
+    return conn.get_server_version() >= _CLIENT_CHECK_SINCE
+
+
+async def _set_up(conn: asyncpg.Connection) -> None:
+    """Every new pooled connection: the one session setting the ledger makes, the same on all."""
+    if watches_client(conn):
+        await conn.execute(f"SET client_connection_check_interval = '{CLIENT_CHECK_INTERVAL}'")
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Release a connection to the pool without asyncpg's reset query (one round trip per call).
 
-    The ledger never changes session state (no SET, LISTEN, cursors or advisory locks), and asyncpg
-    still rolls back a transaction left open before calling this.
+    The ledger changes no session state after `_set_up` (no SET, LISTEN, cursors or advisory locks
+    held past a transaction), and asyncpg still rolls back a transaction left open before calling this.
     """
 
 
@@ -143,7 +162,9 @@ class LedgerBase:
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Self:
         try:
-            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, reset=_keep_session)
+            pool = await asyncpg.create_pool(
+                dsn, min_size=min_size, max_size=max_size, init=_set_up, reset=_keep_session
+            )
         except UNAVAILABLE as exc:
             raise LedgerUnavailableError(f"cannot reach the ledger database: {exc}") from exc
         return cls(pool)

@@ -28,6 +28,7 @@ from onceflow.ledger.errors import (
 from onceflow.ledger.guarded import GuardedReservations
 from onceflow.ledger.guards import Guard
 from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
+from onceflow.ledger.run_ids import RunIds
 from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
 from onceflow.sdk.keys import call_key
 
@@ -98,6 +99,7 @@ class CallPath(GuardedReservations, ConflictFlags):
         approval: bool = False,
         lease: timedelta | None = None,
         guard: Guard | None = None,
+        execution: str | None = None,
     ) -> ReserveResult:
         """Write the call down before it runs. Of any number of racing callers, one may send.
 
@@ -106,8 +108,12 @@ class CallPath(GuardedReservations, ConflictFlags):
         once an operator approved it, the next reservation with the same payload claims it.
         With `guard`, the intent, lineage, entity and budget checks (ledger.guards) decide first,
         in the same transaction: the call may come back held, reused or refused instead.
+        With `execution` (the run's first execution), the run id is claimed for it first, in the
+        same statement when guarded (ledger/run_ids.py); RunIdTakenError if another holds it.
         """
         payload = canonical_payload(tool_name, arguments)
+        if execution is not None and guard is None:
+            await RunIds(self).claim(call.run_id, execution=execution, tenant=call.tenant, agent=call.agent)
         if guard is not None:
             guarded = functools.partial(
                 self.reserve_guarded,
@@ -124,7 +130,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                 lease=lease,
                 guard=guard,
             )
-            result = await guarded()
+            result = await guarded(execution=execution)
             # Held behind a call that settled while this reservation was deciding: the settler's
             # wake-up looked for held calls before ours was committed and missed it. Now that ours
             # is, look at the blocker once more (one of the two always sees the other).

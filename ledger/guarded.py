@@ -2,26 +2,31 @@
 
 The guards' rules (ledger/guards.py describes them) are decided by `onceflow_guarded_reserve`
 (migrations/0010_guarded_reserve_function.sql), in one statement: the advisory locks, the row lock,
-lineage, intent, entity and budget, the write and its event. It runs between BEGIN and COMMIT
-(three round trips in all, where the checks took seven or more), so that nothing is committed for a
-client that died while it waited. This module sends the call and turns
-the answer into a ReserveResult. Used for every call a workflow reserves; `Ledger.reserve` without a
-guard keeps its one-statement path (compensations, and callers that want no checks).
+lineage, intent, entity and budget, the write and its event. A run's first write claims its run id in
+the same statement (migrations/0011_claim_with_reservation.sql). One round trip and one commit: the
+statement commits on its own, and its backend aborts it if the worker dies while it waits on a lock
+(`client_connection_check_interval`, ledger/base.py). On a server too old for that setting (before
+PostgreSQL 14) it runs between BEGIN and COMMIT instead, so that nothing is committed for a client
+that died while it waited. This module sends the call and turns the answer into a ReserveResult.
+Used for every call a workflow reserves; `Ledger.reserve` without a guard keeps its one-statement
+path (compensations, and callers that want no checks).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import asyncpg
 
 from onceflow import metrics
 from onceflow.ledger import queries
-from onceflow.ledger.base import LedgerBase, check_provenance
+from onceflow.ledger.base import LedgerBase, check_provenance, watches_client
 from onceflow.ledger.canonical import CanonicalPayload
 from onceflow.ledger.errors import LedgerUnavailableError, PayloadMismatchError, TenantMismatchError
 from onceflow.ledger.guards import Action, Guard, GuardArgumentError
 from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
+from onceflow.ledger.run_ids import RunIdTakenError
 from onceflow.ledger.status import EventSource, SideEffect, Status
 
 _ROUNDS = 3
@@ -29,6 +34,7 @@ _ROUNDS = 3
 # SQLSTATEs the function raises (see its migration).
 _GUARD_ARGUMENT = "OF001"
 _TENANT_MISMATCH = "OF002"
+_RUN_ID_TAKEN = "OF003"
 
 
 def decided_again(record: ToolExecutionRecord) -> bool:
@@ -58,9 +64,12 @@ class GuardedReservations(LedgerBase):
         approval: bool,
         lease: timedelta | None,
         guard: Guard,
+        execution: str | None = None,
     ) -> ReserveResult:
+        """`execution`: the run's first execution, when this write is to claim the run id for it
+        first (RunIdTakenError when another execution holds it; nothing is reserved then)."""
         check_provenance(owner, EventSource.OWNER)  # the function writes events as the owner
-        values = (
+        values: tuple[Any, ...] = (
             guard.locks(tenant=tenant, run_id=run_id, tool_name=tool_name, payload_sha256=payload.sha256),
             key,
             tenant,
@@ -85,26 +94,33 @@ class GuardedReservations(LedgerBase):
             guard.toolset,
             guard.currency,
         )
+        query = queries.GUARDED_RESERVE
+        if execution is not None:
+            query, values = queries.GUARDED_RESERVE_CLAIMING, (*values, execution)
         for _ in range(_ROUNDS):
             try:
                 async with self.connection("reserve", key=key, tool=tool_name) as conn:
-                    # An explicit transaction, not the statement's own: its COMMIT is sent only once
-                    # the answer is back, so a worker that dies while its reservation waits on a lock
-                    # leaves nothing reserved (the drill's `reserve` kill point). A statement sent
-                    # alone would commit after its client had died: a `started` call nobody sent.
-                    async with conn.transaction():
-                        row = await conn.fetchrow(queries.GUARDED_RESERVE, *values)
+                    if watches_client(conn):
+                        row = await conn.fetchrow(query, *values)
+                    else:
+                        # No client check on this server: an explicit transaction, whose COMMIT is
+                        # sent only once the answer is back, so a worker that dies while its
+                        # reservation waits on a lock leaves nothing reserved.
+                        async with conn.transaction():
+                            row = await conn.fetchrow(query, *values)
                     assert row is not None  # the function always returns one row
                     return self._answer(row, key, payload)  # inside the ledger.reserve span
             except asyncpg.UniqueViolationError:
                 # Another path made the entity busy between the check and the write (the unique
-                # index caught it; the transaction rolled back): decide again.
+                # index caught it; the statement rolled back): decide again.
                 continue
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate == _GUARD_ARGUMENT:
                     raise GuardArgumentError(exc.args[0] if exc.args else str(exc)) from None
                 if exc.sqlstate == _TENANT_MISMATCH:
                     raise TenantMismatchError(key) from None
+                if exc.sqlstate == _RUN_ID_TAKEN:
+                    raise RunIdTakenError(run_id, datetime.fromisoformat(exc.detail or "")) from None
                 raise
         raise LedgerUnavailableError(f"reserving {key!r} kept racing other reservations; nothing was sent")
 

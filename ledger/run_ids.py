@@ -6,9 +6,11 @@ recorded results, or refused as a changed payload, or (if the first's row were g
 Temporal refuses a duplicate workflow id only within its retention, and only if the starter asks
 for it; the ledger refuses it always, whoever started the run.
 
-The claim is made by a run's first write, before it reserves anything, with the run's first
+The claim is made by a run's first write, in the statement that reserves it and before the
+reservation is decided (migration 0011; `Ledger.reserve(execution=...)`), with the run's first
 execution id (the same across a reset or continue-as-new of that run), so every later write of the
-same run passes and any other execution is refused with nothing reserved or sent.
+same run passes and any other execution is refused with nothing reserved or sent. `RunIds.claim`
+is the same claim on its own.
 """
 
 from __future__ import annotations

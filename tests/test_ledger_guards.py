@@ -155,6 +155,19 @@ async def test_an_unheard_twin_an_operator_compensated_is_refused(ledger: Ledger
     assert heard.outcome is Reservation.NEW
 
 
+async def test_under_reuse_a_twin_an_operator_compensated_is_refused_heard_or_not(ledger: Ledger) -> None:
+    """`reuse`: every twin is the same intent, so an intent an operator undid is not made again by
+    a repeat, whatever the model heard (found by the property test: it was sent)."""
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard(intent="reuse"))
+    await ledger.complete(first.record.key, owner="owner-c1", result={"credit_id": "cr_1"})
+    await ledger.mark_compensated(first.record.key, actor="operator:ann", reason="voided")
+    for call, heard in (("c2", frozenset()), ("c3", frozenset({"c1"}))):
+        again = await reserve(ledger, run, call, Guard(intent="reuse", heard=heard))
+        assert again.outcome is Reservation.REFUSED and not again.may_send
+        assert "compensated" in (again.record.error or "") and "heard" not in (again.record.error or "")
+
+
 async def test_reuse_ignores_what_the_model_heard(ledger: Ledger) -> None:
     run = run_id()
     first = await reserve(ledger, run, "c1", Guard(intent="reuse"))

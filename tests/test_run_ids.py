@@ -24,7 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.activities.held import wake_held
-from onceflow.ledger import EventSource, Ledger, Status
+from onceflow.ledger import CallIdentity, EventSource, Guard, Ledger, Reservation, SideEffect, Status
 from onceflow.ledger.run_ids import RunIds, RunIdTakenError
 from onceflow.runtime.client import start_run
 from onceflow.sdk.keys import InvalidRunIdError
@@ -32,7 +32,7 @@ from onceflow.sdk.payloads import AgentRunInput, AgentRunResult, Phase
 from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM
-from tests.support.guarded import new_run, reserve_refund
+from tests.support.guarded import REFUND, new_run, refund_arguments, reserve_refund
 from tests.workflow_harness import Harness, running_worker
 
 ORDER = json.dumps({"order_id": "o1"})
@@ -202,3 +202,50 @@ async def test_a_held_call_wakes_the_run_recorded_for_it_by_exact_match(harness:
 
     assert told == 1
     await waiting.terminate("test over")
+
+
+async def test_the_first_write_claims_its_run_id_in_its_reservation_and_a_taken_one_reserves_nothing(
+    ledger: Ledger,
+) -> None:
+    """The claim rides in the reservation's statement (one commit): it is made before the guards
+    decide, and a run id another execution holds leaves no row, no event, no claim change."""
+    run_id = new_run()
+    call = CallIdentity(tenant="acme", run_id=run_id, tool_call_id="call-1", agent="refunds")
+    first = await ledger.reserve(
+        call,
+        tool_name=REFUND,
+        side_effect=SideEffect.EXTERNAL,
+        arguments=refund_arguments(),
+        owner="worker-a",
+        guard=Guard(),
+        execution="exec-1",
+    )
+    assert first.outcome is Reservation.NEW
+    async with ledger.connection("test_claims") as conn:
+        claimed = await conn.fetchrow("SELECT execution, tenant FROM run_ids WHERE run_id = $1", run_id)
+    assert (claimed["execution"], claimed["tenant"]) == ("exec-1", "acme")
+    before = await _snapshot(ledger, run_id)
+    other = call.model_copy(update={"tool_call_id": "call-2"})
+    with pytest.raises(RunIdTakenError) as taken:
+        await ledger.reserve(
+            other,
+            tool_name=REFUND,
+            side_effect=SideEffect.EXTERNAL,
+            arguments=refund_arguments(amount=100),
+            owner="worker-b",
+            guard=Guard(),
+            execution="exec-2",
+        )
+    assert taken.value.run_id == run_id and taken.value.claimed_at.tzinfo is not None
+    assert await _snapshot(ledger, run_id) == before
+    # The same execution's later writes pass, with the claim or without it.
+    again = await ledger.reserve(
+        other,
+        tool_name=REFUND,
+        side_effect=SideEffect.EXTERNAL,
+        arguments=refund_arguments(amount=100),
+        owner="worker-a",
+        guard=Guard(),
+        execution="exec-1",
+    )
+    assert again.outcome is Reservation.NEW

@@ -45,6 +45,7 @@ from onceflow.ledger.queries.decisions import (
 from onceflow.ledger.queries.guards import (
     ENTITY_BUDGET_USED,
     GUARDED_RESERVE,
+    GUARDED_RESERVE_CLAIMING,
 )
 from onceflow.ledger.queries.lineage import (
     HELD_BEHIND,
@@ -103,6 +104,7 @@ __all__ = [
     "FAIL_STARTED",
     "FLAG_CONFLICT",
     "GUARDED_RESERVE",
+    "GUARDED_RESERVE_CLAIMING",
     "HELD_BEHIND",
     "HELD_RUNS_BEHIND",
     "INSERT_CONVERSATION_MESSAGE",

@@ -105,7 +105,7 @@ class ReserveTrap:
                     f"{after and after.status} after the kill), not none"
                 )
             if not ended:
-                problems.append(f"the killed worker's session {pid} did not end")
+                problems.append(f"the killed worker's session {pid} did not end while it waited on the lock")
             hit = PointHit(
                 KillPoint.RESERVE, run.run_id, key, verified=not problems, note="; ".join(problems)
             )
@@ -129,18 +129,27 @@ class ReserveTrap:
         return _Trap(conn, name, whole >> 32, whole & 0xFFFF_FFFF)
 
     async def _release(self, run_id: str, pid: int) -> bool:
-        """Give the lock up and wait for session `pid`, which was waiting on it, to end."""
+        """Wait for session `pid`, which waits on the lock, to end while the lock is still held (its
+        backend sees its client gone: ledger/base.py's client check), then give the lock up. A
+        session that only ends once it has the lock may have committed its reservation: False."""
         trap = self.traps.pop(run_id)
         try:
+            ended = await self._ended(trap, pid)
             await trap.conn.execute(_GIVE, trap.name)
-            deadline = time.monotonic() + _GONE_WITHIN
-            while time.monotonic() < deadline:
-                if not await trap.conn.fetchval(_SESSION_ALIVE, pid):
-                    return True
-                await asyncio.sleep(0.02)
-            return False
+            if not ended:
+                await self._ended(trap, pid)  # let it finish before the next attempt's trap is set
+            return ended
         finally:
             await trap.conn.close()
+
+    @staticmethod
+    async def _ended(trap: _Trap, pid: int) -> bool:
+        deadline = time.monotonic() + _GONE_WITHIN
+        while time.monotonic() < deadline:
+            if not await trap.conn.fetchval(_SESSION_ALIVE, pid):
+                return True
+            await asyncio.sleep(0.02)
+        return False
 
 
 def _disarm(markers: Path, run_id: str) -> None:

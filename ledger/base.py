@@ -75,22 +75,16 @@ def check_provenance(actor: str, source: EventSource) -> None:
 
 
 # While a statement runs, its backend polls the client's socket this often and aborts the statement
-# if the client has gone (PostgreSQL 14 and later). A guarded reservation is one statement: without
-# this, one that waits on a guard's lock for a worker that was killed meanwhile would commit once
-# the lock came free, leaving a `started` call that nobody sent.
+# if the client has gone (PostgreSQL 14 and later; ledger.migrate refuses anything older than 15). A
+# guarded reservation is one statement: without this, one that waits on a guard's lock for a worker
+# that was killed meanwhile would commit once the lock came free, leaving a `started` call that
+# nobody sent.
 CLIENT_CHECK_INTERVAL = "100ms"
-_CLIENT_CHECK_SINCE = (14,)
-
-
-def watches_client(conn: asyncpg.Connection) -> bool:
-    """Does this connection's backend abort a statement whose client died (see `_set_up`)?"""
-    return conn.get_server_version() >= _CLIENT_CHECK_SINCE
 
 
 async def _set_up(conn: asyncpg.Connection) -> None:
     """Every new pooled connection: the one session setting the ledger makes, the same on all."""
-    if watches_client(conn):
-        await conn.execute(f"SET client_connection_check_interval = '{CLIENT_CHECK_INTERVAL}'")
+    await conn.execute(f"SET client_connection_check_interval = '{CLIENT_CHECK_INTERVAL}'")
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

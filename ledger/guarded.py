@@ -5,9 +5,8 @@ The guards' rules (ledger/guards.py describes them) are decided by `onceflow_gua
 lineage, intent, entity and budget, the write and its event. A run's first write claims its run id in
 the same statement (migrations/0011_claim_with_reservation.sql). One round trip and one commit: the
 statement commits on its own, and its backend aborts it if the worker dies while it waits on a lock
-(`client_connection_check_interval`, ledger/base.py). On a server too old for that setting (before
-PostgreSQL 14) it runs between BEGIN and COMMIT instead, so that nothing is committed for a client
-that died while it waited. This module sends the call and turns the answer into a ReserveResult.
+(`client_connection_check_interval`, ledger/base.py), so that nothing is committed for a client that
+died while it waited. This module sends the call and turns the answer into a ReserveResult.
 Used for every call a workflow reserves; `Ledger.reserve` without a guard keeps its one-statement
 path (compensations, and callers that want no checks).
 """
@@ -21,7 +20,7 @@ import asyncpg
 
 from onceflow import metrics
 from onceflow.ledger import queries
-from onceflow.ledger.base import LedgerBase, check_provenance, watches_client
+from onceflow.ledger.base import LedgerBase, check_provenance
 from onceflow.ledger.canonical import CanonicalPayload
 from onceflow.ledger.errors import LedgerUnavailableError, PayloadMismatchError, TenantMismatchError
 from onceflow.ledger.guards import Action, Guard, GuardArgumentError
@@ -100,14 +99,7 @@ class GuardedReservations(LedgerBase):
         for _ in range(_ROUNDS):
             try:
                 async with self.connection("reserve", key=key, tool=tool_name) as conn:
-                    if watches_client(conn):
-                        row = await conn.fetchrow(query, *values)
-                    else:
-                        # No client check on this server: an explicit transaction, whose COMMIT is
-                        # sent only once the answer is back, so a worker that dies while its
-                        # reservation waits on a lock leaves nothing reserved.
-                        async with conn.transaction():
-                            row = await conn.fetchrow(query, *values)
+                    row = await conn.fetchrow(query, *values)
                     assert row is not None  # the function always returns one row
                     return self._answer(row, key, payload)  # inside the ledger.reserve span
             except asyncpg.UniqueViolationError:

@@ -15,6 +15,23 @@ import asyncpg
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _LOCK_ID = 0x6F6E6365  # "once": any constant shared by every runner
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+# The oldest server the schema and the ledger's connections are written for: UNIQUE NULLS NOT
+# DISTINCT (migration 0013) needs 15, client_connection_check_interval (ledger/base.py) 14.
+OLDEST_SERVER = (15,)
+
+
+class UnsupportedServerError(RuntimeError):
+    """The database server is older than the ledger needs; nothing was changed."""
+
+
+def check_server(version: tuple[int, ...]) -> None:
+    """Refuse a PostgreSQL server older than OLDEST_SERVER, before anything is written to it."""
+    if tuple(version[:1]) < OLDEST_SERVER:
+        shown = ".".join(str(part) for part in version[:2])
+        raise UnsupportedServerError(
+            f"onceflow's ledger needs PostgreSQL {OLDEST_SERVER[0]} or later; this server is {shown}. "
+            "Nothing was changed."
+        )
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,8 @@ async def migrate(dsn_or_conn: str | asyncpg.Connection, *, directory: Path = MI
     """Bring the schema up to date with the migrations in `directory`; returns the version after."""
     conn = await asyncpg.connect(dsn_or_conn) if isinstance(dsn_or_conn, str) else dsn_or_conn
     try:
+        version = conn.get_server_version()
+        check_server((version.major, version.minor))
         await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_ID)
         try:
             await conn.execute(

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 from onceflow.ledger import UNRESOLVED, FailureKind, SideEffect, Status, migrate
-from onceflow.ledger.migrate import MIGRATIONS_DIR, discover
+from onceflow.ledger.migrate import MIGRATIONS_DIR, UnsupportedServerError, check_server, discover
 from onceflow.local.postgres import create_database, drop_database
 
 LATEST = len(discover())
@@ -202,3 +202,11 @@ async def test_unresolved_index_covers_exactly_the_unresolved_statuses(database_
         await conn.close()
     predicate = definition.split(" WHERE ", 1)[1]
     assert set(re.findall(r"'([^']*)'::text", predicate)) == {s.value for s in UNRESOLVED}
+
+
+def test_a_server_older_than_the_ledger_needs_is_refused_by_name() -> None:
+    with pytest.raises(UnsupportedServerError) as refused:
+        check_server((14, 12))
+    assert "PostgreSQL 15 or later; this server is 14.12. Nothing was changed." in str(refused.value)
+    check_server((15, 0))
+    check_server((18, 6))

@@ -91,6 +91,11 @@ CURRENCIES = (None, "EUR", "USD")
 AMOUNTS = (Decimal(1), Decimal("2.50"), Decimal("0.1"), Decimal(7))
 EVIDENCE = {"checked": "the receiver's records"}
 KINDS = (FailureKind.NOT_ATTEMPTED, FailureKind.REJECTED, FailureKind.NOT_APPLIED)
+# Rows the guards decide again when asked (ledger.guarded.decided_again).
+DECIDED_AGAIN = (
+    "status = 'held' OR (status = 'failed' AND conflict_at IS NULL"
+    " AND failure_kind IN ('not_attempted', 'rejected', 'not_applied'))"
+)
 REFUSED = (InvalidTransitionError, ConflictNotOpenError, RecordNotFoundError)
 
 Key = tuple[str, str, str, str | None, str | None]
@@ -163,6 +168,14 @@ class Driver:
                 await conn.fetch(f"SELECT key, owner FROM tool_executions WHERE {where} ORDER BY key")
             )
 
+    async def budget_key(self, key: str) -> tuple[Any, ...] | None:
+        async with self.ledger.connection("test_rows") as conn:
+            row = await conn.fetchrow(
+                "SELECT entity, toolset, currency FROM tool_executions WHERE key = $1 AND amount IS NOT NULL",
+                key,
+            )
+        return None if row is None else tuple(row)
+
     async def pick(self, where: str) -> asyncpg.Record | None:
         found = await self.rows(where)
         return self.rng.choice(found) if found else None
@@ -208,17 +221,27 @@ class Driver:
         op = rng.choices(
             ("reserve", "again", "plain", "complete", "fail", "unknown", "settle", "conflict",
              "acknowledge", "compensate", "approve", "deny", "release", "purge"),
-            weights=(6, 2, 1, 4, 2, 1, 1, 2, 1, 1, 1, 0.5, 0.5, 0.6),
+            weights=(6, 3, 1, 4, 2, 1, 1, 2, 1, 1, 1, 0.5, 0.5, 0.6),
         )[0]  # fmt: skip
         if op == "reserve":
             await self.reserve(self.new_call())
             return
         if op in ("again", "plain"):  # a recorded (or purged) key asked again, guarded or not
-            waiting = await self.pick("status IN ('failed', 'held')") if rng.random() < 0.7 else None
+            waiting = await self.pick(DECIDED_AGAIN) if rng.random() < 0.7 else None
             if waiting is not None:
-                await self.reserve(self.calls[waiting["key"]], guarded=op == "again")
+                call = self.calls[waiting["key"]]
             elif self.calls:
-                await self.reserve(rng.choice(list(self.calls.values())), guarded=op == "again")
+                call = rng.choice(list(self.calls.values()))
+            else:
+                return
+            if rng.random() < 0.5:  # declared differently this time: the row moves to another budget key
+                moved = {"entity": rng.choice(ENTITIES), "toolset": rng.choice(TOOLSETS)}
+                moved["currency"] = rng.choice(CURRENCIES)
+                call = Call(call.identity, call.tool, call.arguments, call.guard.model_copy(update=moved))
+            before = await self.budget_key(call.identity.key)
+            await self.reserve(call, guarded=op == "again")
+            if before is not None and before != await self.budget_key(call.identity.key):
+                self.done["moved to another budget key"] += 1
             return
         if op == "purge":
             await age_everything(self.dsn, timedelta(days=2))
@@ -305,6 +328,7 @@ async def test_totals_equal_the_full_sum_after_a_random_history(
     for outcome in ("new", "held", "reused", "refused", "retry", "awaiting_approval"):
         assert done[f"reserved {outcome}"] > 0, f"no reservation answered {outcome}: {done}"
     assert done["purged calls"] > 0, f"no purge took a call: {done}"
+    assert done["moved to another budget key"] > 0, f"no call moved to another budget key: {done}"
     async with ledger.connection("test_check") as conn:
         assert await conn.fetchval("SELECT count(*) FROM budget_purged_usage") > 0
         assert await conn.fetchval("SELECT count(*) FROM budget_totals WHERE unresolved > 0") > 0
@@ -346,6 +370,43 @@ async def test_concurrent_writers_of_one_budget_keep_it_exact(ledger: Ledger, da
             assert used["completed"] <= limit and used["unresolved"] == 0
 
 
+async def test_a_row_moved_to_another_budget_key_takes_its_amount_along(
+    ledger: Ledger, database_url: str
+) -> None:
+    """The ledger re-decides only calls that carry nothing (held, failed without effect), so only a
+    hand-made change moves a counted row; the totals follow it all the same."""
+    await install_oracle(database_url)
+    driver = Driver(ledger, database_url, random.Random(11))
+    for n, status in enumerate(("started", "completed", "indeterminate")):
+        guard = Guard(
+            intent="allow", entity="ord_1", amount=Decimal(n + 1), limit=Decimal(100), toolset="shop"
+        )
+        call = Call(
+            CallIdentity(tenant="t1", run_id="moved", tool_call_id=f"c{n}"), "refund", {"n": n}, guard
+        )
+        await driver.reserve(call, guarded=True)
+        if status == "completed":
+            await ledger.complete(call.identity.key, owner="w1", result={})
+        elif status == "indeterminate":
+            await ledger.mark_indeterminate(call.identity.key, actor="inspector", reason="lost")
+    conn = await asyncpg.connect(database_url)
+    try:
+        for toolset, currency, entity in (
+            ("billing", "EUR", "ord_1"),
+            (None, None, "ord_2"),
+            ("shop", "USD", "ord_1"),
+        ):
+            await conn.execute(
+                "UPDATE tool_executions SET toolset = $1, currency = $2, entity = $3 WHERE run_id = 'moved'",
+                toolset,
+                currency,
+                entity,
+            )
+            await assert_totals_match(conn, ["moved:c0", "moved:c1", "moved:c2"])
+    finally:
+        await conn.close()
+
+
 async def test_the_migration_back_fills_a_ledger_with_history(postgres_dsn: str, tmp_path: Path) -> None:
     """A ledger with live, settled, conflicted and purged budget calls, migrated: the function answers
     as the one it replaces did, on the same rows."""
@@ -363,6 +424,18 @@ async def test_the_migration_back_fills_a_ledger_with_history(postgres_dsn: str,
             driver = Driver(store, dsn, random.Random(7))
             for _ in range(150):
                 await driver.step()
+            # One completed call purged, and some calls still in flight, whatever the history was.
+            spent = Guard(intent="allow", entity="ord_2", amount=Decimal(3), limit=Decimal(10**6))
+            await driver.reserve(
+                Call(CallIdentity(tenant="t1", run_id="gone", tool_call_id="c0"), "refund", {}, spent)
+            )
+            await store.complete("gone:c0", owner="w1", result={})
+            await age_everything(dsn, timedelta(days=2))
+            assert (await purge_settled(store, older_than=timedelta(days=1))).calls > 0
+            for n in range(3):
+                guard = Guard(intent="allow", entity="ord_1", amount=Decimal(2), limit=Decimal(10**6))
+                await driver.reserve(Call(CallIdentity(tenant="t1", run_id="open", tool_call_id=f"c{n}"),
+                                          "refund", {"n": n}, guard))  # fmt: skip
             conn = await asyncpg.connect(dsn)
             try:
                 asked = [(t, tool, e, "", s, c) for t in TENANTS for tool in TOOLS for e in ENTITIES

@@ -23,8 +23,8 @@
 -- lock, and waits for nothing afterwards (it inserts its event and commits); no transaction takes
 -- an advisory lock after writing a call. A purge deletes only settled calls without an open
 -- conflict, which carry nothing unresolved, so it writes no totals row at all. A row moved from one
--- budget key to another (a re-decided call whose toolset or currency changed) updates the two rows
--- in one fixed order.
+-- budget key to another writes both keys' rows in one fixed order. (The ledger itself moves only
+-- re-decided calls, held or failed without effect, whose old row carries nothing: one row written.)
 
 -- Taken first so that no write lands between the back-fill's snapshot and the triggers.
 LOCK TABLE tool_executions IN SHARE ROW EXCLUSIVE MODE;
@@ -89,8 +89,8 @@ DECLARE
     v_old_u numeric := 0;
     v_new_c numeric := 0;
     v_new_u numeric := 0;
-    v_same  boolean;
-    v_first boolean;   -- does the old row's key come first in the one order keys are locked in?
+    v_row   tool_executions;   -- whose budget key changes, when only one does
+    v_old_first boolean;
 BEGIN
     IF TG_OP <> 'INSERT' THEN
         -- A deleted call keeps its completed amount: only what was unresolved leaves the budget.
@@ -101,36 +101,44 @@ BEGIN
         v_new_c := onceflow_budget_completed(NEW);
         v_new_u := onceflow_budget_unresolved(NEW);
     END IF;
-    IF TG_OP = 'UPDATE' THEN
-        v_same := OLD.tenant = NEW.tenant AND OLD.tool_name = NEW.tool_name
-                  AND OLD.entity IS NOT DISTINCT FROM NEW.entity
-                  AND OLD.toolset IS NOT DISTINCT FROM NEW.toolset
-                  AND OLD.currency IS NOT DISTINCT FROM NEW.currency;
-        IF v_same THEN
-            IF v_old_c <> v_new_c OR v_old_u <> v_new_u THEN
-                PERFORM budget_totals_add(NEW.tenant, NEW.tool_name, NEW.entity, NEW.toolset, NEW.currency,
-                                          v_new_c - v_old_c, v_new_u - v_old_u);
-            END IF;
-            RETURN NULL;
+    IF TG_OP = 'UPDATE' AND NOT (
+           OLD.tenant = NEW.tenant AND OLD.tool_name = NEW.tool_name
+           AND OLD.entity IS NOT DISTINCT FROM NEW.entity AND OLD.toolset IS NOT DISTINCT FROM NEW.toolset
+           AND OLD.currency IS NOT DISTINCT FROM NEW.currency) THEN
+        -- Moved to another budget key (a re-decided call declared with another entity, toolset or
+        -- currency): both keys' rows, in one order, so two such moves cannot wait for each other.
+        v_old_first := (OLD.tenant, OLD.tool_name, coalesce(OLD.entity, ''), coalesce(OLD.toolset, ''),
+                        coalesce(OLD.currency, ''))
+                    <= (NEW.tenant, NEW.tool_name, coalesce(NEW.entity, ''), coalesce(NEW.toolset, ''),
+                        coalesce(NEW.currency, ''));
+        IF v_old_first AND (v_old_c <> 0 OR v_old_u <> 0) THEN
+            PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency,
+                                      -v_old_c, -v_old_u);
         END IF;
-        v_first := (OLD.tenant, OLD.tool_name, coalesce(OLD.entity, ''), coalesce(OLD.toolset, ''),
-                    coalesce(OLD.currency, ''))
-                <= (NEW.tenant, NEW.tool_name, coalesce(NEW.entity, ''), coalesce(NEW.toolset, ''),
-                    coalesce(NEW.currency, ''));
-    ELSE
-        v_first := true;
+        IF v_new_c <> 0 OR v_new_u <> 0 THEN
+            PERFORM budget_totals_add(NEW.tenant, NEW.tool_name, NEW.entity, NEW.toolset, NEW.currency,
+                                      v_new_c, v_new_u);
+        END IF;
+        IF NOT v_old_first AND (v_old_c <> 0 OR v_old_u <> 0) THEN
+            PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency,
+                                      -v_old_c, -v_old_u);
+        END IF;
+        RETURN NULL;
     END IF;
-    IF v_first AND (v_old_c <> 0 OR v_old_u <> 0) THEN
-        PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency,
-                                  -v_old_c, -v_old_u);
+    IF v_old_c = v_new_c AND v_old_u = v_new_u THEN
+        RETURN NULL;  -- the row changed, not what it draws (a time, the owner, a purged settled call)
     END IF;
-    IF v_new_c <> 0 OR v_new_u <> 0 THEN
-        PERFORM budget_totals_add(NEW.tenant, NEW.tool_name, NEW.entity, NEW.toolset, NEW.currency,
-                                  v_new_c, v_new_u);
-    END IF;
-    IF NOT v_first AND (v_old_c <> 0 OR v_old_u <> 0) THEN
-        PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency,
-                                  -v_old_c, -v_old_u);
+
+    -- One key (the common case, spelled out rather than a call of budget_totals_add): its row
+    -- exists when the old row counted, and is made when only the new one does.
+    v_row := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    UPDATE budget_totals b
+       SET completed = b.completed + (v_new_c - v_old_c), unresolved = b.unresolved + (v_new_u - v_old_u)
+     WHERE b.tenant = v_row.tenant AND b.tool_name = v_row.tool_name AND b.entity = v_row.entity
+       AND b.toolset IS NOT DISTINCT FROM v_row.toolset AND b.currency IS NOT DISTINCT FROM v_row.currency;
+    IF NOT FOUND THEN
+        PERFORM budget_totals_add(v_row.tenant, v_row.tool_name, v_row.entity, v_row.toolset,
+                                  v_row.currency, v_new_c - v_old_c, v_new_u - v_old_u);
     END IF;
     RETURN NULL;
 END;

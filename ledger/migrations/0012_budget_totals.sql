@@ -46,7 +46,8 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- What each budget key carries: its calls' parts, purged completed calls included. NULL toolset
--- and currency are values of the key (a call without them), so the key is unique with NULLs equal.
+-- and currency are values of the key (a call without them), so the key is unique with NULLs equal
+-- (NULLS NOT DISTINCT: PostgreSQL 15 or later; docker-compose runs 16, the embedded server 18).
 CREATE TABLE budget_totals (
     tenant      text NOT NULL,
     tool_name   text NOT NULL,

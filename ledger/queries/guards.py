@@ -12,8 +12,7 @@ SELECT r.o_outcome AS outcome, r.o_action AS action, r.o_previous_status AS prev
 """
 
 # What an entity's budget already carries apart from call $4 ($1 tenant, $2 tool, $3 entity, $5
-# toolset, $6 currency): the function the guarded reservation decides with (migration 0010; since
-# 0012 it reads running totals per budget key).
+# toolset, $6 currency): the function the guarded reservation decides with (migration 0010).
 ENTITY_BUDGET_USED = """
 SELECT completed, unresolved FROM onceflow_budget_used($1, $2, $3, $4, $5, $6)
 """

@@ -1,4 +1,4 @@
-"""Budget totals (migration 0013): the running totals per budget key answer what the full sum over
+"""Budget totals (migrations 0013 and 0014): the running totals per budget key answer what the full sum over
 the entity's history answered (migration 0010's `onceflow_budget_used`, kept here as the oracle),
 after any sequence of the ledger's own operations, under concurrent writers, and from the back-fill
 of a ledger migrated with history in it."""
@@ -221,12 +221,16 @@ async def test_a_row_moved_to_another_budget_key_takes_its_amount_along(
         await conn.close()
 
 
-async def test_the_migration_back_fills_a_ledger_with_history(postgres_dsn: str, tmp_path: Path) -> None:
-    """A ledger with live, settled, conflicted and purged budget calls, migrated: the function answers
-    as the one it replaces did, on the same rows."""
+@pytest.mark.parametrize("upgrade", ["budget_totals", "budget_carried"])
+async def test_the_migration_back_fills_a_ledger_with_history(
+    postgres_dsn: str, tmp_path: Path, upgrade: str
+) -> None:
+    """A ledger with live, settled, conflicted and purged budget calls, migrated (from before the
+    totals, migration 0013, or from 0013's two columns, by 0014): the function answers as the one it
+    replaces did, on the same rows."""
     earlier = tmp_path / "migrations"
     earlier.mkdir()
-    totals = next(m.version for m in discover() if m.path.name.endswith("_budget_totals.sql"))
+    totals = next(m.version for m in discover() if m.path.name.endswith(f"_{upgrade}.sql"))
     for migration in discover():
         if migration.version < totals:
             shutil.copy(migration.path, earlier / migration.path.name)
@@ -259,7 +263,8 @@ async def test_the_migration_back_fills_a_ledger_with_history(postgres_dsn: str,
                           for key, c in driver.calls.items() for s in (None, c.guard.toolset)]  # fmt: skip
                 before = [await budget_used(conn, *a) for a in asked]
                 assert await conn.fetchval("SELECT count(*) FROM budget_purged_usage") > 0
-                assert await conn.fetchval("SELECT to_regclass('budget_totals')") is None
+                if upgrade == "budget_totals":
+                    assert await conn.fetchval("SELECT to_regclass('budget_totals')") is None
                 assert await migrate(dsn) == len(discover())
                 after = [await budget_used(conn, *a) for a in asked]
                 assert after == before

@@ -1,49 +1,38 @@
--- Budgets read from a running total, not summed over the entity's whole history.
+-- Budgets read from running totals, not summed over the entity's whole history.
 --
 -- `onceflow_budget_used` (migration 0010) summed every row of the entity's budget key on every
 -- guarded reservation with a budget, so its cost grew with the entity's history. Here a row per
--- budget key (tenant, tool, entity, toolset, currency) carries what the key's calls draw, kept by
--- triggers on tool_executions in the transaction of each change, and the function reads it (one row
--- per toolset and currency of the entity's tool) with the unresolved part from the entity's calls
--- that are unresolved (a partial index: as many as are in flight or wait for someone, whatever the
--- history), less call p_key's own part.
+-- budget key (tenant, tool, entity, toolset, currency) carries that sum, kept by triggers on
+-- tool_executions in the transaction of each change, and the function reads it: a handful of rows
+-- (one per toolset and currency of the entity's tool), less call p_key's own part.
 --
--- What counts is unchanged (onceflow_budget_carried and onceflow_budget_unresolved below say it
--- once): a row with an amount, not a reused result, draws its amount when completed (completed) or
--- awaiting approval, started, indeterminate, or failed with an open conflict (unresolved). Held,
--- denied, compensated and other failed calls draw nothing. A deleted (purged) row keeps its
--- completed amount in the total, as budget_purged_usage kept it: a purge never refills a budget.
--- budget_purged_usage and its fold (migration 0008) stay as the record of what purges took; nothing
--- reads it for a budget any more.
+-- What counts is unchanged (onceflow_budget_completed and onceflow_budget_unresolved below say it
+-- once, for the triggers, the back-fill and the function): a row with an amount, not a reused
+-- result, counts its amount as completed when completed, and as unresolved when awaiting approval,
+-- started, indeterminate, or failed with an open conflict. Held, denied, compensated and other
+-- failed calls draw nothing. A deleted (purged) row keeps its completed amount in the totals, as
+-- budget_purged_usage kept it: a purge never refills a budget. budget_purged_usage and its fold
+-- (migration 0008) stay as the record of what purges took; nothing reads it for a budget any more.
 --
--- Why the total is completed and unresolved together: a call that completes moves its amount from
--- one to the other and changes nothing here, so completing a call (the write path's second
--- statement) writes no totals row. A reservation adds its amount while it holds the entity's
--- advisory lock; what else changes a total (a failure without effect, a conflict opened or
--- acknowledged, a compensation, a release, a denial, an unguarded retry) writes it.
---
--- Locking: a write that changes a total locks the key's row until it commits, so those writes are
--- serialised per budget key. Reservations of an entity already were (the advisory lock is held to
--- commit); what is new is that a failure, conflict or operator decision waits for an in-flight
--- writer of the same key, and a reservation for them. No deadlock against the advisory locks: every
--- transaction that writes a totals row writes it last (after its advisory locks and its call's row
--- lock) and then only inserts its event and commits; none takes an advisory lock after writing a
--- call. A purge deletes only settled calls without an open conflict, which keep their amount in the
--- total: it writes no totals row. A row moved from one budget key to another writes both keys' rows
--- in one fixed order. (The ledger itself moves only re-decided calls, held or failed without
--- effect, whose old row draws nothing: one row written.)
+-- Locking: the trigger updates the key's totals row, so that row is locked until the writer
+-- commits; writes that change what a budget key carries are serialised per key. The guarded
+-- reservation already serialised reservations per entity (its advisory lock is held to commit);
+-- what is new is that settling a call (complete, fail, conflicts, operators) waits for the other
+-- in-flight writers of the same budget key. No deadlock against the advisory locks: every
+-- transaction that writes a totals row writes it last, after its advisory locks and its call's row
+-- lock, and waits for nothing afterwards (it inserts its event and commits); no transaction takes
+-- an advisory lock after writing a call. A purge deletes only settled calls without an open
+-- conflict, which carry nothing unresolved, so it writes no totals row at all. A row moved from one
+-- budget key to another writes both keys' rows in one fixed order. (The ledger itself moves only
+-- re-decided calls, held or failed without effect, whose old row carries nothing: one row written.)
 
 -- Taken first so that no write lands between the back-fill's snapshot and the triggers.
 LOCK TABLE tool_executions IN SHARE ROW EXCLUSIVE MODE;
 
--- What a call draws on its budget key: completed and unresolved together, and the unresolved part.
--- Inlined where used.
-CREATE FUNCTION onceflow_budget_carried(t tool_executions) RETURNS numeric
+-- A call's part of its budget key, completed and unresolved. Inlined where used.
+CREATE FUNCTION onceflow_budget_completed(t tool_executions) RETURNS numeric
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN t.amount IS NOT NULL AND t.reused_from IS NULL
-                 AND (t.status IN ('awaiting_approval', 'started', 'indeterminate', 'completed')
-                      OR (t.status = 'failed' AND t.conflict_at IS NOT NULL
-                          AND t.conflict_cleared_at IS NULL))
+    SELECT CASE WHEN t.amount IS NOT NULL AND t.reused_from IS NULL AND t.status = 'completed'
                 THEN t.amount ELSE 0 END
 $$;
 
@@ -56,65 +45,62 @@ LANGUAGE sql IMMUTABLE AS $$
                 THEN t.amount ELSE 0 END
 $$;
 
--- The calls whose amount is unresolved, per entity's tool: what the function sums for that part.
--- Its predicate is onceflow_budget_unresolved's, spelled out (a partial index needs it literally).
-CREATE INDEX tool_executions_budget_unresolved ON tool_executions (tenant, tool_name, entity)
-    WHERE amount IS NOT NULL AND reused_from IS NULL
-      AND (status IN ('awaiting_approval', 'started', 'indeterminate')
-           OR (status = 'failed' AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL));
-
--- What each budget key carries: its calls' amounts, completed or unresolved, purged completed calls
--- included. NULL toolset and currency are values of the key (a call without them), so the key is
--- unique with NULLs equal (NULLS NOT DISTINCT: PostgreSQL 15 or later; docker-compose runs 16, the
--- embedded server 18).
+-- What each budget key carries: its calls' parts, purged completed calls included. NULL toolset
+-- and currency are values of the key (a call without them), so the key is unique with NULLs equal
+-- (NULLS NOT DISTINCT: PostgreSQL 15 or later; docker-compose runs 16, the embedded server 18).
 CREATE TABLE budget_totals (
     tenant      text NOT NULL,
     tool_name   text NOT NULL,
     entity      text NOT NULL,
     toolset     text,
     currency    text,
-    carried     numeric NOT NULL DEFAULT 0 CHECK (carried >= 0),
+    completed   numeric NOT NULL DEFAULT 0 CHECK (completed >= 0),
+    unresolved  numeric NOT NULL DEFAULT 0 CHECK (unresolved >= 0),
     CONSTRAINT budget_totals_key UNIQUE NULLS NOT DISTINCT (tenant, tool_name, entity, toolset, currency)
 );
 
--- Add a change to one key's total. A key's row is made by its first amount; a change that takes
--- something away finds the row its amount was added to (the CHECK refuses anything else).
+-- Add a change to one key's totals. A key's row is made by its first amount; a change that takes
+-- something away finds the row its amount was added to (the CHECKs refuse anything else).
 CREATE FUNCTION budget_totals_add(
-    p_tenant text, p_tool_name text, p_entity text, p_toolset text, p_currency text, p_change numeric
+    p_tenant text, p_tool_name text, p_entity text, p_toolset text, p_currency text,
+    p_completed numeric, p_unresolved numeric
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE budget_totals b SET carried = b.carried + p_change
+    UPDATE budget_totals b
+       SET completed = b.completed + p_completed, unresolved = b.unresolved + p_unresolved
      WHERE b.tenant = p_tenant AND b.tool_name = p_tool_name AND b.entity = p_entity
        AND b.toolset IS NOT DISTINCT FROM p_toolset AND b.currency IS NOT DISTINCT FROM p_currency;
     IF NOT FOUND THEN
-        INSERT INTO budget_totals AS b (tenant, tool_name, entity, toolset, currency, carried)
-        VALUES (p_tenant, p_tool_name, p_entity, p_toolset, p_currency, p_change)
-        ON CONFLICT ON CONSTRAINT budget_totals_key DO UPDATE SET carried = b.carried + EXCLUDED.carried;
+        INSERT INTO budget_totals AS b (tenant, tool_name, entity, toolset, currency, completed, unresolved)
+        VALUES (p_tenant, p_tool_name, p_entity, p_toolset, p_currency, p_completed, p_unresolved)
+        ON CONFLICT ON CONSTRAINT budget_totals_key DO UPDATE
+            SET completed = b.completed + EXCLUDED.completed,
+                unresolved = b.unresolved + EXCLUDED.unresolved;
     END IF;
 END;
 $$;
 
--- The difference between what the old row drew and what the new one draws, written only when
--- there is one: a completion, a dispatch, a purge find none and return. Called for rows with an
--- amount only (the WHEN clauses: a call without a budget costs nothing here). The WHEN clauses stay
--- that simple because PostgreSQL prepares a trigger's WHEN for every statement, where PL/pgSQL
--- keeps its plans: the whole rule in the WHEN cost more per completion than this function does.
+-- The difference between the old row's part and the new row's. Fired only for rows with an
+-- amount (the triggers' WHEN clauses), so calls without a budget cost nothing here.
 CREATE FUNCTION tool_executions_budget_totals() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_old numeric := 0;
-    v_new numeric := 0;
+    v_old_c numeric := 0;
+    v_old_u numeric := 0;
+    v_new_c numeric := 0;
+    v_new_u numeric := 0;
+    v_row   tool_executions;   -- whose budget key changes, when only one does
     v_old_first boolean;
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        v_old := onceflow_budget_carried(OLD);
-    ELSIF TG_OP = 'DELETE' THEN
-        -- A deleted call keeps its completed amount: only what was unresolved leaves the total.
-        v_old := onceflow_budget_unresolved(OLD);
+    IF TG_OP <> 'INSERT' THEN
+        -- A deleted call keeps its completed amount: only what was unresolved leaves the budget.
+        v_old_c := CASE WHEN TG_OP = 'DELETE' THEN 0 ELSE onceflow_budget_completed(OLD) END;
+        v_old_u := onceflow_budget_unresolved(OLD);
     END IF;
     IF TG_OP <> 'DELETE' THEN
-        v_new := onceflow_budget_carried(NEW);
+        v_new_c := onceflow_budget_completed(NEW);
+        v_new_u := onceflow_budget_unresolved(NEW);
     END IF;
     IF TG_OP = 'UPDATE' AND NOT (
            OLD.tenant = NEW.tenant AND OLD.tool_name = NEW.tool_name
@@ -126,29 +112,34 @@ BEGIN
                         coalesce(OLD.currency, ''))
                     <= (NEW.tenant, NEW.tool_name, coalesce(NEW.entity, ''), coalesce(NEW.toolset, ''),
                         coalesce(NEW.currency, ''));
-        IF v_old_first AND v_old <> 0 THEN
-            PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency, -v_old);
+        IF v_old_first AND (v_old_c <> 0 OR v_old_u <> 0) THEN
+            PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency,
+                                      -v_old_c, -v_old_u);
         END IF;
-        IF v_new <> 0 THEN
-            PERFORM budget_totals_add(NEW.tenant, NEW.tool_name, NEW.entity, NEW.toolset, NEW.currency, v_new);
-        END IF;
-        IF NOT v_old_first AND v_old <> 0 THEN
-            PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency, -v_old);
-        END IF;
-    ELSIF TG_OP = 'DELETE' THEN
-        IF v_old <> 0 THEN  -- never for a purge: it deletes no unresolved call
-            PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency, -v_old);
-        END IF;
-    ELSIF v_new <> v_old THEN
-        -- One key (the common case, spelled out rather than a call of budget_totals_add): its row
-        -- exists when the old row drew something, and is made when only the new one does.
-        UPDATE budget_totals b SET carried = b.carried + (v_new - v_old)
-         WHERE b.tenant = NEW.tenant AND b.tool_name = NEW.tool_name AND b.entity = NEW.entity
-           AND b.toolset IS NOT DISTINCT FROM NEW.toolset AND b.currency IS NOT DISTINCT FROM NEW.currency;
-        IF NOT FOUND THEN
+        IF v_new_c <> 0 OR v_new_u <> 0 THEN
             PERFORM budget_totals_add(NEW.tenant, NEW.tool_name, NEW.entity, NEW.toolset, NEW.currency,
-                                      v_new - v_old);
+                                      v_new_c, v_new_u);
         END IF;
+        IF NOT v_old_first AND (v_old_c <> 0 OR v_old_u <> 0) THEN
+            PERFORM budget_totals_add(OLD.tenant, OLD.tool_name, OLD.entity, OLD.toolset, OLD.currency,
+                                      -v_old_c, -v_old_u);
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF v_old_c = v_new_c AND v_old_u = v_new_u THEN
+        RETURN NULL;  -- the row changed, not what it draws (a time, the owner, a purged settled call)
+    END IF;
+
+    -- One key (the common case, spelled out rather than a call of budget_totals_add): its row
+    -- exists when the old row counted, and is made when only the new one does.
+    v_row := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    UPDATE budget_totals b
+       SET completed = b.completed + (v_new_c - v_old_c), unresolved = b.unresolved + (v_new_u - v_old_u)
+     WHERE b.tenant = v_row.tenant AND b.tool_name = v_row.tool_name AND b.entity = v_row.entity
+       AND b.toolset IS NOT DISTINCT FROM v_row.toolset AND b.currency IS NOT DISTINCT FROM v_row.currency;
+    IF NOT FOUND THEN
+        PERFORM budget_totals_add(v_row.tenant, v_row.tool_name, v_row.entity, v_row.toolset,
+                                  v_row.currency, v_new_c - v_old_c, v_new_u - v_old_u);
     END IF;
     RETURN NULL;
 END;
@@ -171,49 +162,38 @@ CREATE TRIGGER tool_executions_budget_totals_delete
 
 -- The totals of the rows there are, and of those purges took (budget_purged_usage writes '' for
 -- none; here a call without a toolset or currency is NULL, as on the row).
-INSERT INTO budget_totals (tenant, tool_name, entity, toolset, currency, carried)
-SELECT s.tenant, s.tool_name, s.entity, s.toolset, s.currency, sum(s.carried)
-  FROM (SELECT t.tenant, t.tool_name, t.entity, t.toolset, t.currency, onceflow_budget_carried(t) AS carried
+INSERT INTO budget_totals (tenant, tool_name, entity, toolset, currency, completed, unresolved)
+SELECT s.tenant, s.tool_name, s.entity, s.toolset, s.currency, sum(s.completed), sum(s.unresolved)
+  FROM (SELECT t.tenant, t.tool_name, t.entity, t.toolset, t.currency,
+               onceflow_budget_completed(t) AS completed, onceflow_budget_unresolved(t) AS unresolved
           FROM tool_executions t
          WHERE t.amount IS NOT NULL
         UNION ALL
-        SELECT u.tenant, u.tool_name, u.entity, nullif(u.toolset, ''), nullif(u.currency, ''), u.completed
+        SELECT u.tenant, u.tool_name, u.entity, nullif(u.toolset, ''), nullif(u.currency, ''),
+               u.completed, 0
           FROM budget_purged_usage u) s
  GROUP BY s.tenant, s.tool_name, s.entity, s.toolset, s.currency
-HAVING sum(s.carried) <> 0;
+HAVING sum(s.completed) <> 0 OR sum(s.unresolved) <> 0;
 
 -- Same signature and answers as migration 0010's: what the entity's budget carries apart from call
 -- p_key. The totals of every key the call's budget meets (a row or caller without a toolset meets
--- every toolset's tool) less p_key's own amount, and the unresolved part from the unresolved calls
--- other than p_key; completed is the rest.
+-- every toolset's tool), less p_key's own part when it is one of them.
 CREATE OR REPLACE FUNCTION onceflow_budget_used(
     p_tenant text, p_tool_name text, p_entity text, p_key text, p_toolset text, p_currency text,
     OUT completed numeric, OUT unresolved numeric
 ) LANGUAGE sql STABLE AS $$
-    WITH carried AS (
-        SELECT coalesce(sum(b.carried), 0)
-               -- p_key's row by its key alone (the tests on it are not the WHERE clause, so that no
-               -- plan reaches it through the entity's index, along the whole history)
-               - coalesce((SELECT CASE WHEN t.tenant = p_tenant AND t.tool_name = p_tool_name
-                                        AND t.entity = p_entity
-                                        AND (t.toolset IS NULL OR p_toolset IS NULL OR t.toolset = p_toolset)
-                                        AND t.currency IS NOT DISTINCT FROM p_currency
-                                       THEN onceflow_budget_carried(t) ELSE 0 END
-                             FROM tool_executions t WHERE t.key = p_key), 0) AS amount
-          FROM budget_totals b
-         WHERE b.tenant = p_tenant AND b.tool_name = p_tool_name AND b.entity = p_entity
-           AND (b.toolset IS NULL OR p_toolset IS NULL OR b.toolset = p_toolset)
-           AND b.currency IS NOT DISTINCT FROM p_currency
-    ), unresolved AS (
-        SELECT coalesce(sum(t.amount), 0) AS amount
+    WITH own AS (
+        SELECT onceflow_budget_completed(t) AS completed, onceflow_budget_unresolved(t) AS unresolved
           FROM tool_executions t
-         WHERE t.tenant = p_tenant AND t.tool_name = p_tool_name AND t.entity = p_entity
-           AND t.key <> p_key
+         WHERE t.key = p_key AND t.tenant = p_tenant AND t.tool_name = p_tool_name
+           AND t.entity = p_entity
            AND (t.toolset IS NULL OR p_toolset IS NULL OR t.toolset = p_toolset)
            AND t.currency IS NOT DISTINCT FROM p_currency
-           AND t.amount IS NOT NULL AND t.reused_from IS NULL
-           AND (t.status IN ('awaiting_approval', 'started', 'indeterminate')
-                OR (t.status = 'failed' AND t.conflict_at IS NOT NULL AND t.conflict_cleared_at IS NULL))
     )
-    SELECT c.amount - u.amount, u.amount FROM carried c, unresolved u
+    SELECT coalesce(sum(b.completed), 0) - coalesce((SELECT o.completed FROM own o), 0),
+           coalesce(sum(b.unresolved), 0) - coalesce((SELECT o.unresolved FROM own o), 0)
+      FROM budget_totals b
+     WHERE b.tenant = p_tenant AND b.tool_name = p_tool_name AND b.entity = p_entity
+       AND (b.toolset IS NULL OR p_toolset IS NULL OR b.toolset = p_toolset)
+       AND b.currency IS NOT DISTINCT FROM p_currency
 $$;

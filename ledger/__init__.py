@@ -17,6 +17,7 @@ from onceflow.ledger.errors import (
     ReasonRequiredError,
     RecordNotFoundError,
     ResendInFlightError,
+    ReusedCallError,
     TenantMismatchError,
 )
 from onceflow.ledger.guards import Guard, GuardArgumentError
@@ -69,6 +70,7 @@ __all__ = [
     "ResendInFlightError",
     "Reservation",
     "ReserveResult",
+    "ReusedCallError",
     "SideEffect",
     "Status",
     "TenantMismatchError",

@@ -14,7 +14,12 @@ from pydantic import BaseModel, ConfigDict
 
 from onceflow.ledger import queries
 from onceflow.ledger.base import LedgerBase, require_text
-from onceflow.ledger.errors import CompensationNotRequestedError, InvalidTransitionError, RecordNotFoundError
+from onceflow.ledger.errors import (
+    CompensationNotRequestedError,
+    InvalidTransitionError,
+    RecordNotFoundError,
+    ReusedCallError,
+)
 from onceflow.ledger.records import to_event
 from onceflow.ledger.status import EventSource, Status
 
@@ -46,6 +51,8 @@ class CompensationRequests(LedgerBase):
                 raise RecordNotFoundError(key)
             if Status(row["status"]) is not Status.COMPLETED:
                 raise InvalidTransitionError(key, row["status"], "ask for a compensation")
+            if row["reused_from"] is not None:
+                raise ReusedCallError(key, "ask for a compensation", reused_from=row["reused_from"])
             await self.insert_event(
                 conn, key, actor=actor, kind=REQUESTED, source=EventSource.API, reason=reason
             )

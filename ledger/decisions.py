@@ -22,6 +22,7 @@ from onceflow.ledger.errors import (
     HeldCallError,
     InvalidTransitionError,
     RecordNotFoundError,
+    ReusedCallError,
 )
 from onceflow.ledger.records import ToolExecutionRecord, to_record
 from onceflow.ledger.resends import refuse_during_resend
@@ -387,6 +388,8 @@ class OperatorDecisions(ConflictFlags):
             row = await self._locked(conn, key, None)
             if Status(row["status"]) is Status.COMPENSATED:
                 return to_record(row)
+            if row["reused_from"] is not None:
+                raise ReusedCallError(key, "mark compensated", reused_from=row["reused_from"])
             updated = await conn.fetchrow(queries.SET_COMPENSATED, key)
             if updated is None:
                 raise self._refuse(row, "mark compensated")

@@ -98,6 +98,20 @@ class ConflictNotOpenError(LedgerError):
         self.cleared_by = cleared_by
 
 
+class ReusedCallError(InvalidTransitionError):
+    """A compensation of a reused result: nothing was sent under its key, so there is nothing of its
+    own to undo; the effect belongs to the call it reused, which is the one to compensate."""
+
+    def __init__(self, key: str, wanted: str, *, reused_from: str) -> None:
+        super().__init__(key, "completed", wanted)
+        self.args = (
+            f"cannot {wanted}: {key!r} is a reused result of {reused_from!r}; nothing was sent under "
+            f"it, so there is nothing of its own to undo. Compensate {reused_from!r}, the call that took "
+            "effect",
+        )
+        self.reused_from = reused_from
+
+
 class HeldCallError(InvalidTransitionError):
     """A decision about a held call: it was never sent, and waits for the call that holds it.
 

@@ -21,6 +21,7 @@ from onceflow.ledger import (
     OutcomeIgnoredError,
     Reservation,
     ReserveResult,
+    ReusedCallError,
     SideEffect,
     Status,
 )
@@ -166,6 +167,24 @@ async def test_under_reuse_a_twin_an_operator_compensated_is_refused_heard_or_no
         again = await reserve(ledger, run, call, Guard(intent="reuse", heard=heard))
         assert again.outcome is Reservation.REFUSED and not again.may_send
         assert "compensated" in (again.record.error or "") and "heard" not in (again.record.error or "")
+
+
+async def test_a_reused_result_cannot_be_compensated_only_the_call_that_took_effect(ledger: Ledger) -> None:
+    """Nothing was sent under a reused call's key: compensating it would undo the original's effect
+    while the original still reads completed, and compensating that too would undo it twice."""
+    run = run_id()
+    first = await reserve(ledger, run, "c1", Guard())
+    await ledger.complete(first.record.key, owner=first.record.owner or "", result={"credit_id": "cr_1"})
+    reused = await reserve(ledger, run, "c2", Guard())
+    assert reused.outcome is Reservation.REUSED
+    before = await ledger.get(reused.record.key)
+    with pytest.raises(ReusedCallError) as asked:
+        await ledger.request_compensation(reused.record.key, actor="operator:ann", reason="undo it")
+    assert asked.value.reused_from == first.record.key and first.record.key in str(asked.value)
+    with pytest.raises(ReusedCallError):
+        await ledger.mark_compensated(reused.record.key, actor="operator:ann", reason="undone")
+    assert await ledger.get(reused.record.key) == before
+    await ledger.request_compensation(first.record.key, actor="operator:ann", reason="undo it")
 
 
 async def test_reuse_ignores_what_the_model_heard(ledger: Ledger) -> None:

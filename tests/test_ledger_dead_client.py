@@ -12,6 +12,7 @@ import asyncio
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -47,10 +48,10 @@ SELECT l.pid FROM pg_locks l
 """
 
 
-async def _until(check: object, seconds: float) -> bool:
+async def _until(check: Callable[[], Awaitable[bool]], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if await check():  # type: ignore[operator]
+        if await check():
             return True
         await asyncio.sleep(0.02)
     return False

@@ -24,9 +24,13 @@ WAKE_ACTOR = "onceflow:guard"
 async def wake_held(ledger: Ledger, record: ToolExecutionRecord, client: Client | None = None) -> int:
     """If `record` is settled, nudge the run of every call held behind it; returns how many were told.
 
+    `record` is the row as its settle returned it (or as read after that): its `holds_calls` mark
+    says whether any call was ever held behind it, and only then are they looked up. The mark is
+    written under the call's row lock by the reservation that holds another behind it, so a settle
+    either sees it or made that reservation decide again (migration 0015).
     `client`: the Temporal client to signal with; inside an activity, the activity's own.
     """
-    if not record.status.is_settled:
+    if not record.status.is_settled or not record.holds_calls:
         return 0
     held = await ledger.held_runs_behind(record.key, tenant=record.tenant)
     if not held:

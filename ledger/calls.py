@@ -8,7 +8,6 @@ decision is flagged as a conflict (ledger.conflicts).
 
 from __future__ import annotations
 
-import functools
 from datetime import timedelta
 from typing import Any
 
@@ -33,9 +32,6 @@ from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
 from onceflow.sdk.keys import call_key
 
 _RESERVE_ROUNDS = 3
-# How often a held reservation looks again at a blocker that settled meanwhile (each look that
-# finds it settled reserves again; the guards may then hold the call behind another one).
-_HELD_RECHECKS = 2
 # What an existing row means for a caller that did not get to reserve it. The one table of it in
 # Python: a guarded reservation's outcome comes from onceflow_guarded_reserve (migration 0010);
 # tests/test_ledger_queries.py keeps it so.
@@ -83,11 +79,6 @@ class CallPath(GuardedReservations, ConflictFlags):
 
     # -- reserve -------------------------------------------------------------------------------
 
-    async def _is_settled(self, key: str) -> bool:
-        async with self.connection("is_settled", key=key) as conn:
-            status = await conn.fetchval(queries.STATUS_OF_KEY, key)
-        return status is not None and Status(status).is_settled
-
     async def reserve(
         self,
         call: CallIdentity,
@@ -115,8 +106,10 @@ class CallPath(GuardedReservations, ConflictFlags):
         if execution is not None and guard is None:
             await RunIds(self).claim(call.run_id, execution=execution, tenant=call.tenant, agent=call.agent)
         if guard is not None:
-            guarded = functools.partial(
-                self.reserve_guarded,
+            # Held behind a call that settles at the same moment: the function marks that call
+            # under its row lock, so its settle wakes this one, or this one is decided again on the
+            # settled call (migration 0015); nothing needs a second look afterwards.
+            return await self.reserve_guarded(
                 key=call.key,
                 tenant=call.tenant,
                 run_id=call.run_id,
@@ -129,17 +122,8 @@ class CallPath(GuardedReservations, ConflictFlags):
                 approval=approval,
                 lease=lease,
                 guard=guard,
+                execution=execution,
             )
-            result = await guarded(execution=execution)
-            # Held behind a call that settled while this reservation was deciding: the settler's
-            # wake-up looked for held calls before ours was committed and missed it. Now that ours
-            # is, look at the blocker once more (one of the two always sees the other).
-            for _ in range(_HELD_RECHECKS):
-                blocker = result.record.held_by if result.outcome is Reservation.HELD else None
-                if blocker is None or not await self._is_settled(blocker):
-                    break
-                result = await guarded()
-            return result
         initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
         async with self.connection("reserve", key=call.key, tool=tool_name) as conn:
             # A row seen as `failed` here was re-reserved and failed again between our two

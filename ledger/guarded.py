@@ -34,6 +34,7 @@ _ROUNDS = 3
 _GUARD_ARGUMENT = "OF001"
 _TENANT_MISMATCH = "OF002"
 _RUN_ID_TAKEN = "OF003"
+_BLOCKER_SETTLED = "OF004"
 
 
 def decided_again(record: ToolExecutionRecord) -> bool:
@@ -107,6 +108,10 @@ class GuardedReservations(LedgerBase):
                 # index caught it; the statement rolled back): decide again.
                 continue
             except asyncpg.PostgresError as exc:
+                if exc.sqlstate == _BLOCKER_SETTLED:
+                    # It was to be held behind a call that settled meanwhile; nothing was written,
+                    # and the next round decides on the settled call.
+                    continue
                 if exc.sqlstate == _GUARD_ARGUMENT:
                     raise GuardArgumentError(exc.args[0] if exc.args else str(exc)) from None
                 if exc.sqlstate == _TENANT_MISMATCH:

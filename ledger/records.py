@@ -81,6 +81,9 @@ class ToolExecutionRecord(BaseModel):
     held_by: str | None = None
     hold_reason: str | None = None
     reused_from: str | None = None
+    # A guard held another call behind this one (migration 0015): when this call settles, the calls
+    # held behind it are looked up and their runs woken. False: nobody waits for it.
+    holds_calls: bool = False
     events: list[ToolExecutionEvent] = []
 
     @property

@@ -17,7 +17,6 @@ from onceflow.ledger.queries.calls import (
     SET_COMPLETED,
     SET_FAILED,
     SET_INDETERMINATE,
-    STATUS_OF_KEY,
 )
 from onceflow.ledger.queries.compensations import (
     CLAIM_OF_REQUEST,
@@ -134,6 +133,5 @@ __all__ = [
     "SET_FAILED",
     "SET_INDETERMINATE",
     "SET_PURGE_CUTOFF",
-    "STATUS_OF_KEY",
     "WAS_OWNER",
 ]

@@ -41,8 +41,6 @@ SELECT_RECORD = "SELECT * FROM tool_executions WHERE key = $1"
 
 SELECT_RECORD_FOR_UPDATE = "SELECT * FROM tool_executions WHERE key = $1 FOR UPDATE"
 
-STATUS_OF_KEY = "SELECT status FROM tool_executions WHERE key = $1"
-
 SELECT_EVENTS = "SELECT * FROM tool_execution_events WHERE key = $1 ORDER BY id"
 
 INSERT_EVENT = """

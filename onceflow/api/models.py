@@ -208,7 +208,15 @@ class ToolExecutionView(BaseModel):
         held_calls: list[str] | None = None,
     ) -> ToolExecutionView:
         data = record.model_dump(
-            exclude={"events", "tenant", "tool_name", "amount", "budget_limit", *_CONFLICT_FIELDS}
+            exclude={
+                "events",
+                "tenant",
+                "tool_name",
+                "amount",
+                "budget_limit",
+                "holds_calls",
+                *_CONFLICT_FIELDS,
+            }
         )
         events = [EventView.of(e) for e in record.events] if with_events else None
         return cls(

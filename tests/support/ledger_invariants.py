@@ -174,6 +174,7 @@ async def check(ledger: Ledger, model: Model) -> None:
         _decision_stands(row, by_key[key])
         _way_out(row)
         _never_resent_after_a_conflict(row, by_key[key])
+        _blocker_marked(row, rows)
     _intent_rule(rows, by_key, model)
     conflicted = sum(
         (r["amount"] for r in rows.values() if _draws(r) and r["conflict_at"] is not None), Decimal(0)
@@ -254,6 +255,13 @@ def _way_out(row: dict[str, Any]) -> None:
         assert row["owner"] and row["lease_expires_at"] is not None, f"{row['key']} is started with no lease"
     if status is Status.HELD:
         assert row["held_by"], f"{row['key']} is held behind nothing"
+
+
+def _blocker_marked(row: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
+    """A held call's blocker is marked as holding calls, so that its settle wakes it (migration
+    0015): an unmarked blocker's settle would not look for it."""
+    if row["status"] == Status.HELD.value and row["held_by"] in rows:
+        assert rows[row["held_by"]]["holds_calls"], f"{row['key']} is held behind unmarked {row['held_by']}"
 
 
 def _never_resent_after_a_conflict(row: dict[str, Any], events: list[dict[str, Any]]) -> None:

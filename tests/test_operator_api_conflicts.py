@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 
-from onceflow.ledger import Status
+from temporalio.api.enums.v1 import EventType
+
+from onceflow.activities.held import WAKE_ACTOR
+from onceflow.ledger import CallIdentity, Guard, Reservation, SideEffect, Status
 from onceflow.runtime.constants import CONFLICT_KEYS
-from onceflow.sdk.payloads import ConflictSignal
+from onceflow.sdk.payloads import ConflictSignal, ResolveSignal
 from onceflow.workflows.agent_run import AgentRunWorkflow
+from tests.support.history import history_events
 from tests.support.operator_api import OperatorApi
-from tests.test_operator_api import unknown_call
+from tests.test_operator_api import ARGUMENTS, unknown_call
 from tests.test_run_conflicts_and_provenance import open_run_with_a_decided_call
 
 
@@ -115,3 +120,58 @@ async def test_acknowledging_a_conflict_keeps_the_decision_and_clears_the_runs_a
     assert await attribute() is None
     record = await operator_api.ledger.get(key)
     assert [e.kind for e in record.events].count("conflict_acknowledged") == 1
+
+
+async def test_acknowledging_a_conflict_wakes_the_twin_held_behind_it(operator_api: OperatorApi) -> None:
+    # A call decided "failed" and then reported completed (an open conflict), and its twin in the same
+    # run, which the intent guard holds behind it: a call that may have applied.
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    ledger = operator_api.ledger
+
+    async def reserve(tool_call_id: str) -> Reservation:
+        reserved = await ledger.reserve(
+            CallIdentity(tenant="acme", run_id=run_id, tool_call_id=tool_call_id),
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments=ARGUMENTS,
+            owner="worker-1",
+            guard=Guard(),
+        )
+        return reserved.outcome
+
+    assert await reserve("call_1_0") is Reservation.NEW
+    blocker = f"{run_id}:call_1_0"
+    await ledger.mark_indeterminate(blocker, actor="inspector", reason="timed out")
+    await ledger.settle(blocker, status=Status.FAILED, actor="operator:alice", reason="not in billing")
+    await ledger.record_late_outcome(blocker, actor="reconciler", status=Status.COMPLETED)
+    assert await reserve("call_2_0") is Reservation.HELD
+    held = f"{run_id}:call_2_0"
+    assert (await ledger.get(held)).held_by == blocker
+    assert (await ledger.get(blocker)).holds_calls
+    # The run, as far as signals go: a workflow under the run id that no worker picks up.
+    client = operator_api.runs.client
+    run = await client.start_workflow("NobodyRunsThis", id=run_id, task_queue=f"none-{uuid.uuid4().hex[:8]}")
+    try:
+        async with await operator_api.as_operator() as acme:
+            acknowledged = await acme.post(
+                f"/v1/tool-executions/{blocker}/acknowledge-conflict",
+                json={
+                    "status": "failed",
+                    "reason": "billing shows no credit",
+                    "evidence": {"billing": "none"},
+                },
+            )
+        assert acknowledged.status_code == 200, acknowledged.text
+        woken = []
+        for event in await history_events(client, run_id):
+            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+                continue
+            signaled = event.workflow_execution_signaled_event_attributes
+            if signaled.signal_name == "resolve":
+                signal = client.data_converter.payload_converter.from_payload(
+                    signaled.input.payloads[0], ResolveSignal
+                )
+                woken.append((signal.key, signal.actor))
+        assert woken == [(held, WAKE_ACTOR)]
+    finally:
+        await run.terminate("test over")

@@ -192,6 +192,9 @@ def router(*, ledger: Ledger, client: Client) -> APIRouter:
         except RPCError as exc:
             log.info("run %s not told that %s was acknowledged: %s", record.run_id, key, exc.message)
             signalled = False
+        # A twin held behind this call while its conflict was open may go now (or is reused, or
+        # refused): its run asks again. Nothing is read unless some call was held behind it.
+        await wake_held(ledger, record, client)
         return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
 
     return routes

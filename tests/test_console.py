@@ -247,6 +247,27 @@ async def test_approve_sends_the_call_once(operator_api: OperatorApi, chromium_b
     assert (record.status, record.approved_by) == (Status.COMPLETED, "operator:bob")
 
 
+async def test_a_compensation_asked_for_and_not_yet_recorded_is_looked_for_again(
+    operator_api: OperatorApi, chromium_browser: Browser
+) -> None:
+    payload, _ = order()
+    handle = await operator_api.runs.start("credit-undoable", payload)
+    await asyncio.wait_for(handle.result(), 20)
+    key = f"{handle.id}:call_1_0"
+    page, _ = await signed_in(chromium_browser, operator_api)
+    # Not asked for: there is nothing to wait for.
+    await page.goto(f"/console/calls/{key}:compensation")
+    await expect(page.get_by_role("heading", level=1)).to_have_text("Not found")
+    # Asked for (the request alone, as in the moment before its workflow records the call).
+    await operator_api.ledger.request_compensation(key, actor="operator:alice", reason="duplicate order")
+    await page.goto(f"/console/calls/{key}:compensation")
+    await expect(page.get_by_role("heading", level=1)).to_have_text("Not recorded yet")
+    assert await page.locator('meta[http-equiv="refresh"]').get_attribute("content") == "2"
+    await expect(page.get_by_role("link", name="Back to the call")).to_have_attribute(
+        "href", f"/console/calls/{key}"
+    )
+
+
 async def test_compensate_undoes_a_completed_call(
     operator_api: OperatorApi, chromium_browser: Browser
 ) -> None:

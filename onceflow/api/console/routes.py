@@ -148,7 +148,19 @@ async def queue(request: Request) -> Response:
 @router.get("/calls/{key}")
 async def call_page(request: Request, key: str) -> Response:
     session = signed_in(await forms.current_session(request))
-    answer = await OperatorCalls(request.app, session.token).execution(key)
+    calls = OperatorCalls(request.app, session.token)
+    answer = await calls.execution(key)
+    if answer.status == 404 and await _compensation_asked_for(calls, key):
+        # Asked for, and not yet recorded: its workflow reserves it when it starts, a moment after
+        # the operator's "Compensation started". The page looks again rather than say "not found".
+        original = key.removesuffix(COMPENSATION_SUFFIX)
+        problem = {
+            "title": "Not recorded yet",
+            "detail": f"The compensation of {original} was asked for; its workflow records this call when "
+            "it starts. This page looks again every 2 seconds.",
+        }
+        context = {"session": session, "problem": problem, "key": original, "refresh_seconds": 2}
+        return render(request, "problem.html", context)
     if not answer.ok:
         return render(request, "problem.html", {"session": session, "problem": answer.problem}, answer.status)
     call = answer.body
@@ -161,6 +173,16 @@ async def call_page(request: Request, key: str) -> Response:
         "run_url": run_url(request, call["key"], call["run_id"]),
     }
     return render(request, "call.html", context)
+
+
+async def _compensation_asked_for(calls: OperatorCalls, key: str) -> bool:
+    """Is `key` the compensation of a call whose compensation an operator asked for?"""
+    if not key.endswith(COMPENSATION_SUFFIX):
+        return False
+    original = await calls.execution(key.removesuffix(COMPENSATION_SUFFIX))
+    if not original.ok:
+        return False
+    return any(event.get("kind") == "compensation_requested" for event in original.body.get("events") or [])
 
 
 def install_handlers(app: Any) -> None:

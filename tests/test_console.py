@@ -247,13 +247,18 @@ async def test_approve_sends_the_call_once(operator_api: OperatorApi, chromium_b
     assert (record.status, record.approved_by) == (Status.COMPLETED, "operator:bob")
 
 
-async def test_a_compensation_asked_for_and_not_yet_recorded_is_looked_for_again(
-    operator_api: OperatorApi, chromium_browser: Browser
-) -> None:
+async def completed_undoable_call(operator_api: OperatorApi) -> str:
+    """The key of a completed credit whose tool declares a compensation."""
     payload, _ = order()
     handle = await operator_api.runs.start("credit-undoable", payload)
     await asyncio.wait_for(handle.result(), 20)
-    key = f"{handle.id}:call_1_0"
+    return f"{handle.id}:call_1_0"
+
+
+async def test_a_compensation_asked_for_and_not_yet_recorded_is_looked_for_again(
+    operator_api: OperatorApi, chromium_browser: Browser
+) -> None:
+    key = await completed_undoable_call(operator_api)
     page, _ = await signed_in(chromium_browser, operator_api)
     # Not asked for: there is nothing to wait for.
     await page.goto(f"/console/calls/{key}:compensation")
@@ -271,10 +276,7 @@ async def test_a_compensation_asked_for_and_not_yet_recorded_is_looked_for_again
 async def test_compensate_undoes_a_completed_call(
     operator_api: OperatorApi, chromium_browser: Browser
 ) -> None:
-    payload, _ = order()
-    handle = await operator_api.runs.start("credit-undoable", payload)
-    await asyncio.wait_for(handle.result(), 20)
-    key = f"{handle.id}:call_1_0"
+    key = await completed_undoable_call(operator_api)
 
     page, _ = await signed_in(chromium_browser, operator_api)
     await page.goto(f"/console/calls/{key}")

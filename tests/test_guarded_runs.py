@@ -35,7 +35,13 @@ from onceflow.sdk.payloads import (
 from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.agents import credit_agent, refund_agent, twins_agent
 from tests.support.downstream import DOWNSTREAM
-from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
+from tests.support.history import (
+    activity_runs,
+    history_events,
+    reset_run,
+    resolve_signals,
+    workflow_task_completed_after,
+)
 from tests.support.operator_api import serving_api
 from tests.support.waiting import eventually
 from tests.test_replay import replayer
@@ -286,17 +292,7 @@ async def _received(count: int) -> bool:
 
 async def _woken(client: Client, handle: WorkflowHandle[Any, Any]) -> list[str]:
     """The keys a `resolve` signal from the guard's wake-up (activities/held.py) named, in order."""
-    woken = []
-    for event in await history_events(client, handle.id):
-        if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
-            continue
-        signaled = event.workflow_execution_signaled_event_attributes
-        signal = client.data_converter.payload_converter.from_payload(
-            signaled.input.payloads[0], ResolveSignal
-        )
-        if signaled.signal_name == "resolve" and signal.actor == WAKE_ACTOR:
-            woken.append(signal.key)
-    return woken
+    return [signal.key for signal in await resolve_signals(client, handle.id) if signal.actor == WAKE_ACTOR]
 
 
 async def _phase_is(handle: WorkflowHandle[Any, Any], wanted: Phase) -> bool:

@@ -29,14 +29,13 @@ from decimal import Decimal
 
 import asyncpg
 import pytest
-from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.activities.held import wake_held
 from onceflow.ledger import CallIdentity, EventSource, Ledger, Status, ToolExecutionRecord
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM, toolset
-from tests.support.history import history_events
+from tests.support.history import activity_runs, history_events
 from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
 
@@ -98,13 +97,8 @@ def settle_as_not_applied(ledger: Ledger, key: str) -> asyncio.Task[ToolExecutio
 
 
 async def write_activities(harness: Harness, run: str) -> int:
-    events = await history_events(harness.client, run)
-    return sum(
-        1
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_write_tool"
-    )
+    runs = activity_runs(await history_events(harness.client, run))
+    return sum(1 for r in runs if r.activity_type == "run_write_tool")
 
 
 async def test_a_blocker_settled_first_makes_the_held_reservation_decide_again_at_once(

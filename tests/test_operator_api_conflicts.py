@@ -6,14 +6,12 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 
-from temporalio.api.enums.v1 import EventType
-
 from onceflow.activities.held import WAKE_ACTOR
 from onceflow.ledger import CallIdentity, Guard, Reservation, SideEffect, Status
 from onceflow.runtime.constants import CONFLICT_KEYS
-from onceflow.sdk.payloads import ConflictSignal, ResolveSignal
+from onceflow.sdk.payloads import ConflictSignal
 from onceflow.workflows.agent_run import AgentRunWorkflow
-from tests.support.history import history_events
+from tests.support.history import resolve_signals
 from tests.support.operator_api import OperatorApi
 from tests.test_operator_api import ARGUMENTS, unknown_call
 from tests.test_run_conflicts_and_provenance import open_run_with_a_decided_call
@@ -162,16 +160,7 @@ async def test_acknowledging_a_conflict_wakes_the_twin_held_behind_it(operator_a
                 },
             )
         assert acknowledged.status_code == 200, acknowledged.text
-        woken = []
-        for event in await history_events(client, run_id):
-            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
-                continue
-            signaled = event.workflow_execution_signaled_event_attributes
-            if signaled.signal_name == "resolve":
-                signal = client.data_converter.payload_converter.from_payload(
-                    signaled.input.payloads[0], ResolveSignal
-                )
-                woken.append((signal.key, signal.actor))
+        woken = [(signal.key, signal.actor) for signal in await resolve_signals(client, run_id)]
         assert woken == [(held, WAKE_ACTOR)]
     finally:
         await run.terminate("test over")

@@ -12,6 +12,8 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
 
+from onceflow.sdk.payloads import ResolveSignal
+
 
 @dataclass(frozen=True)
 class ActivityRun:
@@ -78,3 +80,19 @@ async def reset_run(
         )
     )
     return response.run_id
+
+
+async def resolve_signals(client: Client, workflow_id: str) -> list[ResolveSignal]:
+    """The `resolve` signals a workflow received, in order."""
+    signals = []
+    for event in await history_events(client, workflow_id):
+        if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            continue
+        signaled = event.workflow_execution_signaled_event_attributes
+        if signaled.signal_name == "resolve":
+            signals.append(
+                client.data_converter.payload_converter.from_payload(
+                    signaled.input.payloads[0], ResolveSignal
+                )
+            )
+    return signals

@@ -1,14 +1,17 @@
 """What the guards cost on the write path: reserve + complete cycles per second, with and without them.
 
-Three variants through `Ledger.reserve` then `Ledger.complete`, alternating in short rounds so that a
-busy machine's drift hits all alike:
+Three variants through `Ledger.reserve` then `Ledger.complete`, in short rounds. Each round runs
+all three, in an order that turns by one each round, and each variant's ratio is taken against the
+`none` of its own round: the printed `(R of none)` is the median of those per-round ratios, with
+their range, so that a machine whose speed drifts from one second to the next (a shared VM) moves
+the rates more than the ratios. The rate printed is the median over rounds.
 - none:   `guard=None`, the one-statement reservation (what compensations use);
 - intent: the default guard every write tool gets (intent `hold`): a transaction with one advisory
           lock and a look for the same payload in the run;
 - budget: an entity guard and a budget as well (two locks, a busy-entity check, a sum).
 In `budget`, cycles spread over 64 entities with a limit no cycle reaches, so nothing is refused.
 
-    .venv/bin/python bench/guards.py [--seconds 0.75] [--rounds 5] [--concurrency 1 8]
+    .venv/bin/python bench/guards.py [--seconds 0.5] [--rounds 9] [--concurrency 1 8]
 
 Uses ONCEFLOW_DATABASE_URL when set (an admin DSN: a scratch database is created and dropped),
 otherwise starts the embedded PostgreSQL in a temporary directory.
@@ -76,17 +79,29 @@ async def measure(dsn: str, args: argparse.Namespace) -> None:
     ledger = await Ledger.connect(dsn, max_size=10)
     try:
         for concurrency in args.concurrency:
-            await cycles(ledger, "none", 0.3, concurrency)  # warm-up
+            for variant in VARIANTS:  # warm-up
+                await cycles(ledger, variant, 0.2, concurrency)
             rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            for _ in range(args.rounds):
-                for variant in VARIANTS:
-                    rates[variant].append(await cycles(ledger, variant, args.seconds, concurrency))
-            base = statistics.median(rates["none"])
+            ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            for round_ in range(args.rounds):
+                turn = round_ % len(VARIANTS)
+                this_round = {
+                    v: await cycles(ledger, v, args.seconds, concurrency)
+                    for v in VARIANTS[turn:] + VARIANTS[:turn]
+                }
+                for variant, rate in this_round.items():
+                    rates[variant].append(rate)
+                    ratios[variant].append(rate / this_round["none"])
             for variant in VARIANTS:
-                rate = statistics.median(rates[variant])
+                spread = ratios[variant]
                 print(
-                    f"concurrency {concurrency:>2}  {variant:<6}  {rate:7.0f} cycles/s"
-                    f"  ({rate / base:4.2f} of none)"
+                    f"concurrency {concurrency:>2}  {variant:<6}  {statistics.median(rates[variant]):7.0f} cycles/s"
+                    f"  ({statistics.median(spread):4.2f} of none)"
+                    + (
+                        f"  [{min(spread):.2f} to {max(spread):.2f} over {len(spread)} rounds]"
+                        if variant != "none"
+                        else ""
+                    )
                 )
     finally:
         await ledger.close()
@@ -105,8 +120,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=0.75)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=0.5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args()
     configured = configured_database_url()

@@ -1,8 +1,9 @@
 """Reserving a call under guards: one statement, a server-side function that locks, checks and writes.
 
 The guards' rules (ledger/guards.py describes them) are decided by `onceflow_guarded_reserve`
-(migrations/0010_guarded_reserve_function.sql), in one statement: the advisory locks, the row lock,
-lineage, intent, entity and budget, the write and its event. A run's first write claims its run id in
+(migrations/0010_guarded_reserve_function.sql; 0016 is its current form), in one statement: the
+advisory locks, one read of the call's row and its twins, lineage, intent, entity and budget, the
+write (only over the row version read) and its event. A run's first write claims its run id in
 the same statement (migrations/0011_claim_with_reservation.sql). One round trip and one commit: the
 statement commits on its own, and its backend aborts it if the worker dies while it waits on a lock
 (`client_connection_check_interval`, ledger/base.py), so that nothing is committed for a client that
@@ -35,6 +36,7 @@ _GUARD_ARGUMENT = "OF001"
 _TENANT_MISMATCH = "OF002"
 _RUN_ID_TAKEN = "OF003"
 _BLOCKER_SETTLED = "OF004"
+_CHANGED_MEANWHILE = "OF005"
 
 
 def decided_again(record: ToolExecutionRecord) -> bool:
@@ -46,6 +48,49 @@ def decided_again(record: ToolExecutionRecord) -> bool:
     if record.status is not Status.FAILED or record.conflict_at is not None:
         return False
     return record.failure_kind is None or not record.failure_kind.is_final
+
+
+def statement_values(
+    *,
+    key: str,
+    tenant: str,
+    run_id: str,
+    tool_call_id: str,
+    agent: str,
+    tool_name: str,
+    side_effect: SideEffect,
+    payload: CanonicalPayload,
+    owner: str,
+    approval: bool,
+    lease: timedelta | None,
+    guard: Guard,
+) -> tuple[Any, ...]:
+    """The parameters of queries.GUARDED_RESERVE ($1 to $23), in order."""
+    return (
+        guard.locks(tenant=tenant, run_id=run_id, tool_name=tool_name, payload_sha256=payload.sha256),
+        key,
+        tenant,
+        run_id,
+        tool_call_id,
+        agent,
+        tool_name,
+        side_effect.value,
+        payload.text,
+        payload.sha256,
+        owner,
+        approval,
+        lease,
+        guard.intent,
+        guard.entity,
+        guard.exclusive,
+        guard.on_busy,
+        guard.amount,
+        guard.limit,
+        guard.replaces,
+        list(guard.heard),
+        guard.toolset,
+        guard.currency,
+    )
 
 
 class GuardedReservations(LedgerBase):
@@ -69,30 +114,19 @@ class GuardedReservations(LedgerBase):
         """`execution`: the run's first execution, when this write is to claim the run id for it
         first (RunIdTakenError when another execution holds it; nothing is reserved then)."""
         check_provenance(owner, EventSource.OWNER)  # the function writes events as the owner
-        values: tuple[Any, ...] = (
-            guard.locks(tenant=tenant, run_id=run_id, tool_name=tool_name, payload_sha256=payload.sha256),
-            key,
-            tenant,
-            run_id,
-            tool_call_id,
-            agent,
-            tool_name,
-            side_effect.value,
-            payload.text,
-            payload.sha256,
-            owner,
-            approval,
-            lease,
-            guard.intent,
-            guard.entity,
-            guard.exclusive,
-            guard.on_busy,
-            guard.amount,
-            guard.limit,
-            guard.replaces,
-            list(guard.heard),
-            guard.toolset,
-            guard.currency,
+        values = statement_values(
+            key=key,
+            tenant=tenant,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            agent=agent,
+            tool_name=tool_name,
+            side_effect=side_effect,
+            payload=payload,
+            owner=owner,
+            approval=approval,
+            lease=lease,
+            guard=guard,
         )
         query = queries.GUARDED_RESERVE
         if execution is not None:
@@ -104,13 +138,14 @@ class GuardedReservations(LedgerBase):
                     assert row is not None  # the function always returns one row
                     return self._answer(row, key, payload)  # inside the ledger.reserve span
             except asyncpg.UniqueViolationError:
-                # Another path made the entity busy between the check and the write (the unique
-                # index caught it; the statement rolled back): decide again.
+                # Between the read and the write, another path recorded this key, or made the
+                # entity busy (a unique index caught it; the statement rolled back): decide again.
                 continue
             except asyncpg.PostgresError as exc:
-                if exc.sqlstate == _BLOCKER_SETTLED:
-                    # It was to be held behind a call that settled meanwhile; nothing was written,
-                    # and the next round decides on the settled call.
+                if exc.sqlstate in (_BLOCKER_SETTLED, _CHANGED_MEANWHILE):
+                    # It was to be held behind a call that settled meanwhile, or its own recorded
+                    # row changed after it was read; nothing was written, and the next round
+                    # decides on what is there now.
                     continue
                 if exc.sqlstate == _GUARD_ARGUMENT:
                     raise GuardArgumentError(exc.args[0] if exc.args else str(exc)) from None

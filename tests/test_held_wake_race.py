@@ -36,7 +36,7 @@ from onceflow.ledger import CallIdentity, EventSource, Ledger, Status, ToolExecu
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM, toolset
 from tests.support.history import activity_runs, history_events
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, until_waiting
 from tests.workflow_harness import Harness, running_worker
 
 
@@ -62,25 +62,6 @@ async def unknown_refund(ledger: Ledger, order_id: str) -> str:
     )
     await ledger.mark_indeterminate(call.key, actor="worker-gone", reason="no answer within 1s")
     return call.key
-
-
-async def sessions_waiting_on_a_lock(conn: asyncpg.Connection) -> int:
-    """How many other sessions of this database wait for a lock right now. (Inside a transaction
-    pg_stat_activity answers from a snapshot taken at its first read: cleared first.)"""
-    await conn.execute("SELECT pg_stat_clear_snapshot()")
-    return int(
-        await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-        )
-    )
-
-
-async def until_waiting(conn: asyncpg.Connection, sessions: int, what: str) -> None:
-    async def waiting() -> bool:
-        return await sessions_waiting_on_a_lock(conn) >= sessions
-
-    await eventually(waiting, what)
 
 
 def settle_as_not_applied(ledger: Ledger, key: str) -> asyncio.Task[ToolExecutionRecord]:

@@ -1,6 +1,6 @@
 -- Fewer statements in a guarded reservation, and a recorded call is never written over unseen.
 --
--- onceflow_guarded_reserve again, whole; what it decides is 0015's. Three changes:
+-- onceflow_guarded_reserve again, whole; what it decides is 0015's. Four changes:
 -- - The call's row is no longer read FOR UPDATE in a statement of its own: one read after the
 --   advisory locks returns it with its twins, and its row version (xmin). The write that follows is
 --   an INSERT for a key nobody had recorded, or an UPDATE of that row only while it is still the
@@ -11,6 +11,44 @@
 --   UPDATE took the first one's row over, so both were told to send.
 -- - The event is written in the same statement as the row (a data-modifying CTE).
 -- - The advisory locks are taken in one statement, in the order given.
+-- - onceflow_budget_used is inlined into the budget check (below).
+
+-- onceflow_budget_used as a set-returning function (of one row), with 0014's query unchanged: a
+-- function of that kind is inlined into the statement that calls it, so the reservation's budget
+-- check is planned once with the reservation's other statements instead of being run as a
+-- function call of its own every time. Same arguments, same columns, same answers.
+DROP FUNCTION onceflow_budget_used(text, text, text, text, text, text);
+CREATE FUNCTION onceflow_budget_used(
+    p_tenant text, p_tool_name text, p_entity text, p_key text, p_toolset text, p_currency text
+) RETURNS TABLE (completed numeric, unresolved numeric)
+LANGUAGE sql STABLE ROWS 1 AS $$
+    WITH carried AS (
+        SELECT coalesce(sum(b.carried), 0)
+               -- p_key's row by its key alone (the tests on it are not the WHERE clause, so that no
+               -- plan reaches it through the entity's index, along the whole history)
+               - coalesce((SELECT CASE WHEN t.tenant = p_tenant AND t.tool_name = p_tool_name
+                                        AND t.entity = p_entity
+                                        AND (t.toolset IS NULL OR p_toolset IS NULL OR t.toolset = p_toolset)
+                                        AND t.currency IS NOT DISTINCT FROM p_currency
+                                       THEN onceflow_budget_carried(t) ELSE 0 END
+                             FROM tool_executions t WHERE t.key = p_key), 0) AS amount
+          FROM budget_totals b
+         WHERE b.tenant = p_tenant AND b.tool_name = p_tool_name AND b.entity = p_entity
+           AND (b.toolset IS NULL OR p_toolset IS NULL OR b.toolset = p_toolset)
+           AND b.currency IS NOT DISTINCT FROM p_currency
+    ), unresolved AS (
+        SELECT coalesce(sum(t.amount), 0) AS amount
+          FROM tool_executions t
+         WHERE t.tenant = p_tenant AND t.tool_name = p_tool_name AND t.entity = p_entity
+           AND t.key <> p_key
+           AND (t.toolset IS NULL OR p_toolset IS NULL OR t.toolset = p_toolset)
+           AND t.currency IS NOT DISTINCT FROM p_currency
+           AND t.amount IS NOT NULL AND t.reused_from IS NULL
+           AND (t.status IN ('awaiting_approval', 'started', 'indeterminate')
+                OR (t.status = 'failed' AND t.conflict_at IS NOT NULL AND t.conflict_cleared_at IS NULL))
+    )
+    SELECT c.amount - u.amount, u.amount FROM carried c, unresolved u
+$$;
 
 CREATE OR REPLACE FUNCTION onceflow_guarded_reserve(
     p_locks        text[],   -- Guard.locks(): the advisory lock names, in the order to take them
@@ -84,11 +122,15 @@ BEGIN
         SELECT coalesce(array_agg(t), '{}'), (array_agg(t.xmin))[1] INTO v_twins, v_xmin
           FROM tool_executions t WHERE t.key = p_key;
     ELSE
-        SELECT coalesce(array_agg(t ORDER BY t.key = p_key DESC, t.created_at DESC, t.key DESC), '{}'),
-               (array_agg(t.xmin) FILTER (WHERE t.key = p_key))[1]
+        -- Two index lookups, not one OR: a plan cached while the table was nearly empty would
+        -- read an OR by scanning the whole table for good.
+        SELECT coalesce(array_agg(c.t ORDER BY c.own DESC, (c.t).created_at DESC, (c.t).key DESC), '{}'),
+               (array_agg(c.version) FILTER (WHERE c.own))[1]
           INTO v_twins, v_xmin
-          FROM tool_executions t
-         WHERE t.key = p_key OR (t.run_id = p_run_id AND t.payload_sha256 = p_sha256);
+          FROM (SELECT t, t.xmin AS version, true AS own FROM tool_executions t WHERE t.key = p_key
+                UNION ALL
+                SELECT t, t.xmin, false FROM tool_executions t
+                 WHERE t.run_id = p_run_id AND t.payload_sha256 = p_sha256 AND t.key <> p_key) c;
     END IF;
     v_found := v_xmin IS NOT NULL;
     IF v_found THEN  -- first in the array; the rest are twins

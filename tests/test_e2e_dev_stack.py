@@ -18,6 +18,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from onceflow.cli.dev import _wait_for_http
 from tests.test_e2e_demo import free_port
 
 BIN = Path(sys.executable).parent
@@ -274,3 +275,15 @@ async def test_onceflow_dev_uses_the_temporal_and_database_it_is_given(
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
             await asyncio.to_thread(process.wait, 30)
+
+
+async def test_a_part_that_dies_while_the_stack_waits_for_it_is_named_at_once() -> None:
+    """`onceflow dev` waits up to a minute for a part that is still starting, but not for one that
+    has exited: it says which, and where its log is."""
+    url = f"http://127.0.0.1:{free_port()}/health"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"did not start: billing exited with code 1 \(see billing.log\)"):
+        await _wait_for_http(
+            url, "the billing service", lambda: "billing exited with code 1 (see billing.log)"
+        )
+    assert time.monotonic() - started < 10

@@ -215,11 +215,13 @@ def test_every_module_of_the_wheel_imports_or_names_the_extra_it_needs(
     assert outside == set(), "imported from the checkout, not the installed wheel"
 
 
-def test_the_installed_cli_answers_help(base_venv: Venv, elsewhere: Path) -> None:
-    done = base_venv.run(str(base_venv.bin / "onceflow"), "--help", cwd=elsewhere)
+@pytest.mark.parametrize("command", [["onceflow"], ["python", "-m", "onceflow"]], ids=["script", "module"])
+def test_the_installed_cli_answers_help(base_venv: Venv, elsewhere: Path, command: list[str]) -> None:
+    done = base_venv.run(str(base_venv.bin / command[0]), *command[1:], "--help", cwd=elsewhere)
     assert done.returncode == 0, done.stderr
-    for command in ("worker", "api", "dev", "health", "executions"):
-        assert command in done.stdout
+    assert "Warning" not in done.stderr, done.stderr
+    for name in ("worker", "api", "dev", "health", "executions"):
+        assert name in done.stdout
 
 
 def test_the_installed_worker_check_passes_on_agents_yaml_without_temporal_or_postgres(

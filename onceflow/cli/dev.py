@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -153,7 +154,7 @@ class DevStack:
             api_url=f"http://{cfg.host}:{cfg.api_port}",
         )
         await _wait_for_temporal(info)
-        await _wait_for_http(f"{billing_url}/health", "the billing service")
+        await _wait_for_http(f"{billing_url}/health", "the billing service", self.check_alive)
         app_env = {**os.environ, **info.environment(), "ONCEFLOW_AGENTS": self._agents_path()}
         if cfg.worker:
             self._spawn("worker", [sys.executable, "-m", "onceflow.runtime.worker"], env=app_env)
@@ -162,7 +163,7 @@ class DevStack:
             [
                 sys.executable,
                 "-m",
-                "onceflow.cli.commands",
+                "onceflow",
                 "api",
                 "--host",
                 cfg.host,
@@ -171,7 +172,7 @@ class DevStack:
             ],
             env=app_env,
         )
-        await _wait_for_http(f"{info.api_url}/healthz", "the operator API")
+        await _wait_for_http(f"{info.api_url}/healthz", "the operator API", self.check_alive)
         (self.data_dir / "stack.json").write_text(json.dumps(asdict(info), indent=2))
         self.info = info
         return info
@@ -286,7 +287,10 @@ async def _wait_for_temporal(info: StackInfo, timeout: float = 30) -> None:
             await asyncio.sleep(0.3)
 
 
-async def _wait_for_http(url: str, what: str, timeout: float = 20) -> None:
+async def _wait_for_http(url: str, what: str, died: Callable[[], str | None], timeout: float = 60) -> None:
+    """Until `url` answers 200. A part that exits meanwhile is named at once (`died`, with its log);
+    one that is still starting gets `timeout` seconds (a first start on a busy 2-core machine,
+    importing its web stack, has been seen to take over 20)."""
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(timeout=2) as http:
         while True:
@@ -295,6 +299,9 @@ async def _wait_for_http(url: str, what: str, timeout: float = 20) -> None:
                     return
             except httpx.HTTPError:
                 pass
+            gone = died()
+            if gone is not None:
+                raise RuntimeError(f"{what} at {url} did not start: {gone}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} at {url} did not answer")
+                raise RuntimeError(f"{what} at {url} did not answer within {timeout:.0f}s")
             await asyncio.sleep(0.2)

@@ -9,7 +9,8 @@ The planes, from the top; docs/architecture.md draws the same map. A module may 
 and the planes below it, never one above. A plane is a list of module prefixes; the longest prefix
 that matches a module decides its plane, so a module can sit below the rest of its folder:
 
-    cli          the `onceflow` command (and `onceflow mcp inspect`, which lives beside the MCP code)
+    cli          the `onceflow` command, also as `python -m onceflow` (and `onceflow mcp inspect`, which
+                 lives beside the MCP code)
     services     the operator API, the crash drill, the billing example: processes beside the worker
     runtime      the worker process and what it starts with; the embedded local stack; the
                  framework adapters (their workflows host onceflow's write protocol)
@@ -36,7 +37,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "onceflow"
 
 # From the top plane down.
 PLANES: list[tuple[str, list[str]]] = [
-    ("cli", ["onceflow.cli", "onceflow.mcp.inspect"]),
+    ("cli", ["onceflow.cli", "onceflow.__main__", "onceflow.mcp.inspect"]),
     ("services", ["onceflow.api", "onceflow.drill", "onceflow.examples"]),
     ("runtime", ["onceflow.runtime", "onceflow.local", "onceflow.adapters"]),
     ("workflows", ["onceflow.workflows"]),

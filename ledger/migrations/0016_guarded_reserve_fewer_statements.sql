@@ -118,26 +118,20 @@ BEGIN
     -- if the row is still the version read (its xmin), and otherwise raises OF005, which
     -- ledger/guarded.py retries; a key nobody had recorded is inserted, and a unique violation (the
     -- key recorded meanwhile) is retried too. Either way the call is decided again on what is there.
-    IF p_intent = 'allow' THEN
-        SELECT coalesce(array_agg(t), '{}'), (array_agg(t.xmin))[1] INTO v_twins, v_xmin
-          FROM tool_executions t WHERE t.key = p_key;
-    ELSE
-        -- Two index lookups, not one OR: a plan cached while the table was nearly empty would
-        -- read an OR by scanning the whole table for good.
-        SELECT coalesce(array_agg(c.t ORDER BY c.own DESC, (c.t).created_at DESC, (c.t).key DESC), '{}'),
-               (array_agg(c.version) FILTER (WHERE c.own))[1]
-          INTO v_twins, v_xmin
-          FROM (SELECT t, t.xmin AS version, true AS own FROM tool_executions t WHERE t.key = p_key
-                UNION ALL
-                SELECT t, t.xmin, false FROM tool_executions t
-                 WHERE t.run_id = p_run_id AND t.payload_sha256 = p_sha256 AND t.key <> p_key) c;
-    END IF;
+    -- Two index lookups, not one OR: a plan cached while the table was nearly empty would read an
+    -- OR by scanning the whole table for good. Intent `allow` looks for no twins.
+    SELECT coalesce(array_agg(c.t ORDER BY c.own DESC, (c.t).created_at DESC, (c.t).key DESC), '{}'),
+           (array_agg(c.version) FILTER (WHERE c.own))[1]
+      INTO v_twins, v_xmin
+      FROM (SELECT t, t.xmin AS version, true AS own FROM tool_executions t WHERE t.key = p_key
+            UNION ALL
+            SELECT t, t.xmin, false FROM tool_executions t
+             WHERE p_intent <> 'allow'
+               AND t.run_id = p_run_id AND t.payload_sha256 = p_sha256 AND t.key <> p_key) c;
     v_found := v_xmin IS NOT NULL;
-    IF v_found THEN  -- first in the array; the rest are twins
-        v_existing := v_twins[1];
-        v_twins := v_twins[2:];
-    END IF;
     IF v_found THEN
+        v_existing := v_twins[1];  -- first in the array; the rest are twins
+        v_twins := v_twins[2:];
         IF v_existing.tenant <> p_tenant THEN
             RAISE EXCEPTION USING ERRCODE = 'OF002', MESSAGE = p_key;
         END IF;

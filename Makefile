@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/concurrency.py
 	$(BIN)/python bench/waiting.py
 	$(BIN)/python bench/queue_at_scale.py
+	$(BIN)/python bench/backlog.py
 
 RUNS ?= 200
 drill: $(STAMP)

@@ -4,6 +4,16 @@ The statements live by the ledger's own domains, one module each (calls, the que
 guards, lineage, conflicts, resends, compensations, retention, tokens, conversations, run ids);
 every name is re-exported here, so `from onceflow.ledger import queries; queries.RESERVE` reads the
 same wherever a statement lives. A new statement goes into its domain's module and into this list.
+
+A statement that changes one call by its key, only while the call is in some state, writes that
+state test as `(...) IS TRUE`. Written plainly (`status = 'started'`), the test proves the predicate
+of a partial index (tool_executions_unresolved holds exactly the unresolved calls), and the planner,
+whose statistics may count almost nothing in that index, reads the whole of it for the key instead
+of the primary key's one entry: every completion then costs as much as the backlog of unresolved
+calls, and the dead entries autovacuum has not yet removed, are long (bench/backlog.py measured
+5.4 ms at 100,000 unknown calls against 0.7 ms). `IS TRUE` changes nothing in a WHERE clause (NULL
+and false both leave the row out) and proves no index predicate. tests/test_key_plans.py plans
+every statement and fails if one addresses a key through any index but the key's own.
 """
 
 from onceflow.ledger.queries.calls import (

@@ -55,7 +55,7 @@ WITH done AS (
     UPDATE tool_executions
        SET status = 'completed', result = $3::jsonb, result_reference = $4,
            settled_at = clock_timestamp(), settled_by = owner, updated_at = clock_timestamp()
-     WHERE key = $1 AND owner = $2 AND status = 'started'
+     WHERE key = $1 AND owner = $2 AND (status = 'started') IS TRUE  -- by its key: see queries/__init__.py
     RETURNING *
 ), logged AS (
     INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status)
@@ -69,7 +69,7 @@ WITH done AS (
     UPDATE tool_executions
        SET status = 'failed', failure_kind = $3, error = $4,
            settled_at = clock_timestamp(), settled_by = owner, updated_at = clock_timestamp()
-     WHERE key = $1 AND owner = $2 AND status = 'started'
+     WHERE key = $1 AND owner = $2 AND (status = 'started') IS TRUE  -- by its key: see queries/__init__.py
     RETURNING *
 ), logged AS (
     INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, reason)
@@ -84,7 +84,7 @@ UPDATE tool_executions
    SET status = 'completed', result = $3::jsonb, result_reference = $4,
        settled_at = clock_timestamp(), settled_by = $5, reason = $6, evidence = $7::jsonb,
        updated_at = clock_timestamp()
- WHERE key = $1 AND status = $2
+ WHERE key = $1 AND (status = $2) IS TRUE  -- by its key: see queries/__init__.py
 RETURNING *
 """
 
@@ -93,13 +93,13 @@ UPDATE tool_executions
    SET status = 'failed', failure_kind = $3, error = $4,
        settled_at = clock_timestamp(), settled_by = $5, reason = $6, evidence = $7::jsonb,
        updated_at = clock_timestamp()
- WHERE key = $1 AND status = $2
+ WHERE key = $1 AND (status = $2) IS TRUE  -- by its key: see queries/__init__.py
 RETURNING *
 """
 
 SET_INDETERMINATE = """
 UPDATE tool_executions
    SET status = 'indeterminate', error = $2, updated_at = clock_timestamp()
- WHERE key = $1 AND status = 'started'
+ WHERE key = $1 AND (status = 'started') IS TRUE  -- by its key: see queries/__init__.py
 RETURNING *
 """

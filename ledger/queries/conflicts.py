@@ -13,7 +13,7 @@ FLAG_CONFLICT = """
 UPDATE tool_executions
    SET conflict_at = clock_timestamp(), conflict_detail = $2::jsonb,
        conflict_cleared_at = NULL, conflict_cleared_by = NULL, updated_at = clock_timestamp()
- WHERE key = $1 AND status IN ('completed', 'failed', 'denied', 'compensated')
+ WHERE key = $1 AND (status IN ('completed', 'failed', 'denied', 'compensated')) IS TRUE  -- see queries/__init__.py
 RETURNING *
 """
 
@@ -33,6 +33,6 @@ UPDATE tool_executions
        reason = CASE WHEN status = $3 THEN reason ELSE $4 END,
        evidence = CASE WHEN status = $3 THEN evidence ELSE $5::jsonb END,
        updated_at = clock_timestamp()
- WHERE key = $1 AND conflict_at IS NOT NULL AND conflict_cleared_at IS NULL
+ WHERE key = $1 AND (conflict_at IS NOT NULL AND conflict_cleared_at IS NULL) IS TRUE  -- see queries/__init__.py
 RETURNING *
 """

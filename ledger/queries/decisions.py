@@ -10,7 +10,7 @@ SELECT *, coalesce(lease_expires_at < clock_timestamp(), false) AS owner_gone
 APPROVE = """
 UPDATE tool_executions
    SET approved_by = $2, approved_at = clock_timestamp(), updated_at = clock_timestamp()
- WHERE key = $1 AND status = 'awaiting_approval' AND approved_at IS NULL
+ WHERE key = $1 AND (status = 'awaiting_approval' AND approved_at IS NULL) IS TRUE  -- see queries/__init__.py
 RETURNING *
 """
 
@@ -18,7 +18,7 @@ DENY = """
 UPDATE tool_executions
    SET status = 'denied', failure_kind = 'denied', settled_at = clock_timestamp(), settled_by = $2,
        reason = $3, updated_at = clock_timestamp()
- WHERE key = $1 AND status = 'awaiting_approval' AND approved_at IS NULL
+ WHERE key = $1 AND (status = 'awaiting_approval' AND approved_at IS NULL) IS TRUE  -- see queries/__init__.py
 RETURNING *
 """
 
@@ -28,8 +28,8 @@ WITH claimed AS (
     UPDATE tool_executions
        SET status = 'started', owner = $2, lease_expires_at = clock_timestamp() + $4::interval,
            updated_at = clock_timestamp()
-     WHERE key = $1 AND status = 'awaiting_approval' AND approved_at IS NOT NULL
-       AND payload_sha256 = $3
+     WHERE key = $1 AND payload_sha256 = $3
+       AND (status = 'awaiting_approval' AND approved_at IS NOT NULL) IS TRUE  -- see queries/__init__.py
     RETURNING *
 ), logged AS (
     INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, detail)
@@ -46,8 +46,8 @@ RELEASE = """
 UPDATE tool_executions
    SET status = 'failed', failure_kind = 'released', held_by = NULL, lease_expires_at = NULL,
        settled_at = clock_timestamp(), settled_by = $2, reason = $3, updated_at = clock_timestamp()
- WHERE key = $1
-   AND (status = 'held' OR (status = 'awaiting_approval' AND approved_at IS NOT NULL))
+ WHERE key = $1  -- and the state test IS TRUE: see queries/__init__.py
+   AND (status = 'held' OR (status = 'awaiting_approval' AND approved_at IS NOT NULL)) IS TRUE
 RETURNING *
 """
 
@@ -61,6 +61,6 @@ RETURNING *
 SET_COMPENSATED = """
 UPDATE tool_executions
    SET status = 'compensated', updated_at = clock_timestamp()
- WHERE key = $1 AND status = 'completed'
+ WHERE key = $1 AND (status = 'completed') IS TRUE  -- by its key: see queries/__init__.py
 RETURNING *
 """

@@ -14,7 +14,6 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
 from onceflow.activities.budget_limits import BudgetLimitUnavailableError, budget_limit
-from onceflow.activities.held import wake_held
 from onceflow.activities.outcomes import outcome_from_record, owner_token
 from onceflow.activities.sending import record_outcome, send_once, unkeepable_result
 from onceflow.activities.tool_io import checked_arguments, oversized, refused, split_arguments, tool_context
@@ -174,9 +173,6 @@ class ToolActivities:
             raise ApplicationError(str(exc), type=ERR_TENANT_MISMATCH, non_retryable=True) from exc
         self._remember_claim(tool_input)
         if not reservation.may_send:
-            # A held call decided again into reused or refused is settled by this reservation: the
-            # calls held behind it are nudged, as by any other settle (activities/held.py).
-            await wake_held(self.ledger, reservation.record)
             return outcome_from_record(
                 reservation.record, replayed=reservation.record.status is Status.COMPLETED
             )

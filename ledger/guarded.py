@@ -1,7 +1,7 @@
 """Reserving a call under guards: one statement, a server-side function that locks, checks and writes.
 
 The guards' rules (ledger/guards.py describes them) are decided by `onceflow_guarded_reserve`
-(migrations/0010_guarded_reserve_function.sql; 0016 is its current form), in one statement: the
+(migrations/0010_guarded_reserve_function.sql; 0017 is its current form), in one statement: the
 advisory locks, one read of the call's row and its twins, lineage, intent, entity and budget, the
 write (only over the row version read) and its event. A run's first write claims its run id in
 the same statement (migrations/0011_claim_with_reservation.sql). One round trip and one commit: the

@@ -7,9 +7,10 @@ the same effect again under a new key:
   rule: a twin is a new effect only when the model had heard its outcome, that is when the twin's
   settled result was in the conversation the model was given for the turn that produced this call
   (`Guard.heard`, from the workflow). Every other twin is the same intent, retried in disguise: the
-  call is held while the twin may still take effect (unresolved, or failed with an open conflict),
-  gets the twin's recorded result once it completed (reused: nothing is sent), is refused when an
-  operator compensated it, and is sent once the twin is known not applied. `reuse` treats every
+  call is held while the twin may still take effect (unresolved but not itself held, since a held
+  twin holds nothing (migration 0017); or failed with an open conflict), gets the twin's recorded
+  result once it completed (reused: nothing is sent), is refused when an operator compensated it,
+  and is sent once the twin is known not applied. `reuse` treats every
   twin as the same intent, heard or not; `allow` checks nothing. A same-intent call the receiver
   refused on policy grounds is refused again. See docs/guards.md for why.
 - lineage: a call names the call it replaces (same run, same tool). It is refused while that one is

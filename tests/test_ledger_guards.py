@@ -256,24 +256,31 @@ async def test_a_policy_refusal_refuses_the_same_call_again(ledger: Ledger) -> N
     assert "over the limit" in (second.record.error or "")
 
 
-async def test_two_held_calls_never_wait_for_each_other(ledger: Ledger) -> None:
-    """c2 and c3 are held behind c1; after c1 settles, c2 goes and c3 waits for c2, not the reverse."""
+async def test_a_held_call_holds_no_other_and_the_first_to_ask_again_decides(ledger: Ledger) -> None:
+    """c2 and c3 are both held behind c1, which was sent; neither waits for the other (migration
+    0017). After c1 settles not applied, whichever asks first goes; the other is held behind it."""
     run = run_id()
     first = await reserve(ledger, run, "c1", Guard())
     await ledger.mark_indeterminate(first.record.key, actor="test", reason="timed out")
-    await reserve(ledger, run, "c2", Guard())
-    await reserve(ledger, run, "c3", Guard())
-    await ledger.settle(first.record.key, status=Status.FAILED, actor="ops", reason="not there")
-    third = await reserve(ledger, run, "c3", Guard())  # c3 asks first, but c2 is older
-    assert third.outcome is Reservation.HELD and third.record.held_by == f"{run}:c2"
     second = await reserve(ledger, run, "c2", Guard())
-    assert second.outcome is Reservation.NEW
+    third = await reserve(ledger, run, "c3", Guard())
+    assert second.record.held_by == third.record.held_by == first.record.key
+    marked = await ledger.get(first.record.key, with_events=False)
+    assert marked.holds_calls and not (await ledger.get(second.record.key, with_events=False)).holds_calls
+    await ledger.settle(first.record.key, status=Status.FAILED, actor="ops", reason="not there")
+    went = await reserve(ledger, run, "c3", Guard())  # c3 asks first: it goes, though c2 is older
+    assert went.outcome is Reservation.NEW and went.may_send
+    waits = await reserve(ledger, run, "c2", Guard())
+    assert waits.outcome is Reservation.HELD and waits.record.held_by == went.record.key
+    await ledger.complete(went.record.key, owner="owner-c3", result={"credit_id": "cr_3"})
+    reused = await reserve(ledger, run, "c2", Guard())
+    assert reused.outcome is Reservation.REUSED and reused.record.reused_from == went.record.key
 
 
 async def test_a_retried_call_waits_for_a_younger_twin_that_was_sent(ledger: Ledger) -> None:
     """c1 failed without effect; the model, not having heard it, asked c2, which was sent. When c1's
     key is reserved again (a retry), c2 may be taking effect: c1 is held behind it, though c2 is the
-    younger. Only a held twin is too young to hold a call (two held calls never wait for each other)."""
+    younger. A held twin holds no call at all (migration 0017)."""
     run = run_id()
     first = await reserve(ledger, run, "c1", Guard())
     await ledger.fail(first.record.key, owner="owner-c1", kind=FailureKind.NOT_ATTEMPTED, error="no route")

@@ -1,7 +1,8 @@
 """Three identical writes in one answer of a framework that runs tool calls at once (Pydantic AI):
-one is sent, one is held behind it, one is held behind the held one. When the first is settled, the
-second is decided again into a reuse of its result, and that settle wakes the third at once, as any
-other settle wakes the calls held behind it (activities/held.py), instead of leaving it to its timer.
+one is sent and the other two are held, both behind that one and not one behind the other
+(migration 0017: a held call holds no call). When it is settled, its settle wakes both at once
+(activities/held.py), and both are given its result. Before 0017 the third was held behind the
+second, and only its timer made it ask again.
 
 Real parts: the Temporal dev server, a PostgreSQL ledger, Pydantic AI's own agent loop; effects are
 counted at the in-process downstream, which honours no key.
@@ -22,7 +23,7 @@ from tests.test_adapter_pydantic_ai import credit, finished, queue, start
 __all__ = ["queue"]  # the fixture, used by name
 
 
-async def test_a_call_held_behind_a_held_one_is_woken_when_that_one_is_reused(
+async def test_three_identical_writes_at_once_send_one_and_its_settle_wakes_the_other_two(
     temporal_env: WorkflowEnvironment, ledger: Ledger, queue: str
 ) -> None:
     DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
@@ -37,9 +38,9 @@ async def test_a_call_held_behind_a_held_one_is_woken_when_that_one_is_reused(
     await eventually(one_unknown_two_held, "one call unknown and the other two held")
     records = {key: await ledger.get(key, with_events=False) for key in keys}
     [unknown] = [k for k, r in records.items() if r.status is Status.INDETERMINATE]
-    [first_held] = [k for k, r in records.items() if r.held_by == unknown]
-    [second_held] = [k for k, r in records.items() if r.held_by == first_held]
-    assert records[first_held].holds_calls, "the held call a later one waits for is marked"
+    held = sorted(k for k, r in records.items() if r.status is Status.HELD)
+    assert all(records[k].held_by == unknown for k in held), "both are held behind the call that was sent"
+    assert not any(records[k].holds_calls for k in held), "a held call holds no other"
 
     settled = await handle.execute_update(
         "resolve",
@@ -50,10 +51,9 @@ async def test_a_call_held_behind_a_held_one_is_woken_when_that_one_is_reused(
     result = await finished(handle)
 
     assert DOWNSTREAM.received == {unknown: 1}, "one send for the three"
-    for key in (first_held, second_held):
+    for key in held:
         record = await ledger.get(key, with_events=False)
         assert record.status is Status.COMPLETED and record.reused_from == unknown
     assert all(r["ok"] for r in result["results"])
-    woken = [s.key for s in await resolve_signals(temporal_env.client, handle.id) if s.actor == WAKE_ACTOR]
-    assert first_held in woken, "the settle of the unknown call woke the call held behind it"
-    assert second_held in woken, "the reuse of the first held call woke the call held behind it"
+    woken = {s.key for s in await resolve_signals(temporal_env.client, handle.id) if s.actor == WAKE_ACTOR}
+    assert woken == set(held), "the settle of the call that was sent woke both held calls"

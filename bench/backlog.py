@@ -26,6 +26,7 @@ import statistics
 import time
 import uuid
 
+from e2e_stack import percentile  # bench/e2e_stack.py, beside this file
 from scratch import on_a_server, scratch_database  # bench/scratch.py, beside this file
 
 from onceflow.ledger import CallIdentity, Guard, Ledger, SideEffect, migrate
@@ -48,11 +49,6 @@ SELECT 'backlog-' || (i / 100) || ':c' || i, $4, 'backlog-' || (i / 100), 'c' ||
        CASE WHEN $3 = 'completed' THEN 'bench-worker' END
   FROM generate_series($1::bigint, $2::bigint - 1) AS i
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round((len(ordered) - 1) * q))]
 
 
 async def cycles(ledger: Ledger, count: int) -> tuple[list[float], list[float]]:

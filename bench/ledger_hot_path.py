@@ -37,11 +37,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
-from scratch import on_a_server  # bench/scratch.py, beside this file
+from scratch import on_a_server, scratch_database  # bench/scratch.py, beside this file
 
 from onceflow.ledger import CallIdentity, Ledger, SideEffect, migrate
 from onceflow.ledger.queries import COMPLETE_STARTED, RESERVE
-from onceflow.local.postgres import create_database, drop_database
 
 ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500, "memo": "goodwill credit"}
 RESULT = {"credit_id": "cr_1", "amount_cents": 500}
@@ -187,9 +186,7 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
 
 
 async def bench(admin_dsn: str, concurrencies: list[int], seconds: float, rounds: int) -> None:
-    name = f"onceflow_bench_{uuid.uuid4().hex[:8]}"
-    dsn = await create_database(admin_dsn, name)
-    try:
+    async with scratch_database(admin_dsn, "hot_path") as dsn:
         await migrate(dsn)
         conn = await asyncpg.connect(dsn)
         try:
@@ -221,8 +218,6 @@ async def bench(admin_dsn: str, concurrencies: list[int], seconds: float, rounds
         )
         for concurrency, figures in ratios:
             print(f"ratio c={concurrency}: {figures.ratio:.2f}")
-    finally:
-        await drop_database(admin_dsn, name)
 
 
 def main() -> None:

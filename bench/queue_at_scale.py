@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from e2e_stack import dev_stack  # bench/e2e_stack.py, beside this file
+from e2e_stack import dev_stack, percentile  # bench/e2e_stack.py, beside this file
 
 from onceflow.ledger import CallIdentity, Guard, Ledger, OperatorTokens, SideEffect
 
@@ -52,14 +52,6 @@ SELECT 'scale-' || (i / 100) || ':c' || i, $3, 'scale-' || (i / 100), 'c' || i, 
        CASE WHEN i % 100 = 0 THEN NULL ELSE 'bench-worker' END
   FROM generate_series($1::bigint, $2::bigint - 1) AS i
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 async def fill(ledger: Ledger, first: int, last: int) -> None:

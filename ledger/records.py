@@ -128,24 +128,54 @@ def row_to_dict(row: asyncpg.Record) -> dict[str, Any]:
     return data
 
 
-_RECORD_JSON_COLUMNS = ("payload", "result", "evidence", "conflict_detail")
+_RECORD_FIELDS = tuple(ToolExecutionRecord.model_fields)  # in their order: `events` last
+_RECORD_COLUMNS = _RECORD_FIELDS[:-1]
+_RECORD_JSON_COLUMNS = frozenset({"payload", "result", "evidence", "conflict_detail"})
+# The record's enum fields, from the text the row holds to the member: a lookup, not an Enum call.
+_RECORD_ENUMS = {
+    column: {member.value: member for member in enum}
+    for column, enum in (("status", Status), ("side_effect", SideEffect), ("failure_kind", FailureKind))
+}
 
 
 def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = None) -> ToolExecutionRecord:
     """A row of tool_executions (and any extra columns a statement adds, which are dropped) as a record.
 
-    Validated, not `model_construct`ed: pydantic's validator checks and converts the row's values
-    (status and side effect to their enums) in less time than `model_construct` copies them.
+    The row is the database's own, and the table's column types and nullability are the record's
+    fields' (tests/test_ledger_records.py holds them to that), so it is not validated again: its
+    JSON columns are parsed, its enum columns become their members, and the record is built from
+    exactly its fields. Validating it took the hot path's largest share of the client's time (two
+    records per write call; docs/benchmarks.md, "Issue 22, fifth pass"). A row short of a column,
+    which no statement returns, is validated, and fails there.
     """
-    data = dict(row)
-    for column in _RECORD_JSON_COLUMNS:
-        value = data.get(column)
-        if isinstance(value, str):
-            data[column] = json.loads(value)
-    data.pop("inserted", None)
-    data.pop("owner_gone", None)
-    data["events"] = events or []  # passed, so that pydantic need not deep-copy the default
-    return ToolExecutionRecord.model_validate(data)
+    columns = dict(zip(row.keys(), row, strict=True))
+    try:
+        data = {name: columns[name] for name in _RECORD_COLUMNS}
+    except KeyError:
+        return _validated(columns, events)
+    for name in _RECORD_JSON_COLUMNS:
+        value = data[name]
+        if value is not None:
+            data[name] = json.loads(value)
+    for name, members in _RECORD_ENUMS.items():
+        value = data[name]
+        if value is not None:
+            data[name] = members[value]
+    data["events"] = events or []
+    record = ToolExecutionRecord.__new__(ToolExecutionRecord)
+    # What pydantic's `model_construct` sets, without its pass over defaults (every field is here).
+    object.__setattr__(record, "__dict__", data)
+    object.__setattr__(record, "__pydantic_fields_set__", set(_RECORD_FIELDS))  # its own: copies add to it
+    object.__setattr__(record, "__pydantic_extra__", None)
+    object.__setattr__(record, "__pydantic_private__", None)
+    return record
+
+
+def _validated(columns: dict[str, Any], events: list[ToolExecutionEvent] | None) -> ToolExecutionRecord:
+    for name in _RECORD_JSON_COLUMNS:
+        if isinstance(columns.get(name), str):
+            columns[name] = json.loads(columns[name])
+    return ToolExecutionRecord.model_validate({**columns, "events": events or []})
 
 
 def to_event(row: asyncpg.Record) -> ToolExecutionEvent:

@@ -15,7 +15,16 @@ from typing import Any
 
 import asyncpg
 
-from onceflow.ledger import AlreadySettledError, EventSource, InvalidTransitionError, Ledger, Status, queries
+from onceflow.ledger import (
+    AlreadySettledError,
+    EventSource,
+    InvalidTransitionError,
+    Ledger,
+    Status,
+    ToolExecutionRecord,
+    queries,
+)
+from onceflow.ledger.records import to_record
 
 GUARDED_TOOL = "issue_credit"
 ENTITY = "acct_1"
@@ -26,6 +35,7 @@ EVIDENCE = {"checked": "the receiver's records"}
 REPORTS = ("late_outcome", "outcome_ignored")
 SENT = ("reserved", "dispatched")  # events that hand a call to an owner to send (to_status started)
 # Statuses under which a sent call may have taken effect.
+JSON_COLUMNS = ("payload", "result", "evidence", "conflict_detail")
 MAY_HAVE_APPLIED = {Status.STARTED, Status.INDETERMINATE, Status.COMPLETED, Status.COMPENSATED}
 
 
@@ -158,10 +168,13 @@ async def ledger_budget(ledger: Ledger) -> Decimal:
 
 async def check(ledger: Ledger, model: Model) -> None:
     async with ledger.connection("test_invariants") as conn:
-        rows = {r["key"]: dict(r) for r in await conn.fetch("SELECT * FROM tool_executions")}
+        raw = await conn.fetch("SELECT * FROM tool_executions")
+        rows = {r["key"]: dict(r) for r in raw}
         events = [dict(e) for e in await conn.fetch("SELECT * FROM tool_execution_events ORDER BY id")]
         keys = await conn.fetchval("SELECT count(*) = count(DISTINCT key) FROM tool_executions")
     assert keys, "a key has two rows"
+    for row in raw:
+        record_as_validated(row)
     assert set(rows) == model.live, (
         f"rows {sorted(rows)} are not the calls reserved and not purged {sorted(model.live)}"
     )
@@ -184,6 +197,20 @@ async def check(ledger: Ledger, model: Model) -> None:
     assert ledger_says == carried, f"the ledger reads the budget as {ledger_says}, the rows say {carried}"
     # Only a late report contradicting a decision (a conflict) can carry a budget past its limit.
     assert carried <= LIMIT + conflicted, f"the budget carries {carried} over the limit {LIMIT}"
+
+
+def record_as_validated(row: asyncpg.Record) -> None:
+    """The record `to_record` builds from a row, unvalidated, is the one pydantic validates from it."""
+    built = to_record(row)
+    columns = {
+        name: json.loads(v) if name in JSON_COLUMNS and v is not None else v for name, v in row.items()
+    }
+    validated = ToolExecutionRecord.model_validate({**columns, "events": []})
+    assert built == validated, f"{row['key']}: built {built!r}, validated {validated!r}"
+    # Equality alone would pass a status left as text (a StrEnum equals its value).
+    types_of = {name: type(value) for name, value in built.__dict__.items()}
+    assert types_of == {name: type(value) for name, value in validated.__dict__.items()}, row["key"]
+    assert built.model_dump_json() == validated.model_dump_json(), row["key"]
 
 
 def _append_only(events: list[dict[str, Any]], model: Model) -> None:

@@ -152,7 +152,7 @@ def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = Non
     try:
         data = {name: columns[name] for name in _RECORD_COLUMNS}
     except KeyError:
-        return _validated(columns, events)
+        return validated_record(row, events)
     for name in _RECORD_JSON_COLUMNS:
         value = data[name]
         if value is not None:
@@ -171,7 +171,12 @@ def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = Non
     return record
 
 
-def _validated(columns: dict[str, Any], events: list[ToolExecutionEvent] | None) -> ToolExecutionRecord:
+def validated_record(
+    row: asyncpg.Record, events: list[ToolExecutionEvent] | None = None
+) -> ToolExecutionRecord:
+    """The same row through pydantic's validation: what `to_record` falls back to for a row short of
+    a column, and what the tests hold its records to."""
+    columns = dict(row)
     for name in _RECORD_JSON_COLUMNS:
         if isinstance(columns.get(name), str):
             columns[name] = json.loads(columns[name])

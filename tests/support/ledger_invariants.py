@@ -21,10 +21,9 @@ from onceflow.ledger import (
     InvalidTransitionError,
     Ledger,
     Status,
-    ToolExecutionRecord,
     queries,
 )
-from onceflow.ledger.records import to_record
+from onceflow.ledger.records import to_record, validated_record
 
 GUARDED_TOOL = "issue_credit"
 ENTITY = "acct_1"
@@ -35,7 +34,6 @@ EVIDENCE = {"checked": "the receiver's records"}
 REPORTS = ("late_outcome", "outcome_ignored")
 SENT = ("reserved", "dispatched")  # events that hand a call to an owner to send (to_status started)
 # Statuses under which a sent call may have taken effect.
-JSON_COLUMNS = ("payload", "result", "evidence", "conflict_detail")
 MAY_HAVE_APPLIED = {Status.STARTED, Status.INDETERMINATE, Status.COMPLETED, Status.COMPENSATED}
 
 
@@ -201,11 +199,7 @@ async def check(ledger: Ledger, model: Model) -> None:
 
 def record_as_validated(row: asyncpg.Record) -> None:
     """The record `to_record` builds from a row, unvalidated, is the one pydantic validates from it."""
-    built = to_record(row)
-    columns = {
-        name: json.loads(v) if name in JSON_COLUMNS and v is not None else v for name, v in row.items()
-    }
-    validated = ToolExecutionRecord.model_validate({**columns, "events": []})
+    built, validated = to_record(row), validated_record(row)
     assert built == validated, f"{row['key']}: built {built!r}, validated {validated!r}"
     # Equality alone would pass a status left as text (a StrEnum equals its value).
     types_of = {name: type(value) for name, value in built.__dict__.items()}

@@ -15,6 +15,7 @@ import json
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import SearchAttributePair
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -66,6 +67,27 @@ PATCH_SEARCH_ATTRIBUTES_FOLLOW_LEDGER = "search-attributes-follow-ledger"
 # Each write call names the same tool's calls whose settled outcome the model had been given when
 # it asked for it (ToolCallInput.heard), so that the intent guard can tell a new effect from a retry.
 PATCH_INTENT_HEARD = "intent-heard"
+# Every patch above (and write_waits.PATCH_WAIT_WITHOUT_RECONCILER), taken at once by a run that
+# starts with it: one marker where there were five, and one TemporalChangeVersion upsert (a
+# visibility write each) where there were as many. Such a run also skips its first search-attribute
+# upsert when it was started with those values (`start_run` sets them). Runs started before replay
+# the patches one by one, as they recorded them.
+PATCH_CURRENT = "agent-run-2026-12-02"
+
+
+def initial_search_attributes(run_input: AgentRunInput) -> list[SearchAttributePair[str]]:
+    """What a run shows from its start: running, its tenant and its agent (`start_run` passes them)."""
+    return [
+        SearchAttributePair(PHASE, Phase.RUNNING.value),
+        SearchAttributePair(TENANT, run_input.tenant),
+        SearchAttributePair(AGENT, run_input.agent),
+    ]
+
+
+def _started_with(pairs: list[SearchAttributePair[str]]) -> bool:
+    """Was the run started with these values already (the first event says so, on replay too)?"""
+    started = workflow.info().typed_search_attributes
+    return all(started.get(pair.key) == pair.value for pair in pairs)
 
 
 @workflow.defn
@@ -80,16 +102,13 @@ class AgentRunWorkflow(WriteCallHandlers):
     @workflow.run
     async def run(self, run_input: AgentRunInput) -> AgentRunResult:
         self._tenant = run_input.tenant
-        self._recheck = workflow.patched(PATCH_LEDGER_RECHECK)
-        self._attributes_follow_ledger = workflow.patched(PATCH_SEARCH_ATTRIBUTES_FOLLOW_LEDGER)
-        self._intent_heard = workflow.patched(PATCH_INTENT_HEARD)
-        workflow.upsert_search_attributes(
-            [
-                PHASE.value_set(Phase.RUNNING.value),
-                TENANT.value_set(run_input.tenant),
-                AGENT.value_set(run_input.agent),
-            ]
-        )
+        current = self._current = workflow.patched(PATCH_CURRENT)
+        self._recheck = current or workflow.patched(PATCH_LEDGER_RECHECK)
+        self._attributes_follow_ledger = current or workflow.patched(PATCH_SEARCH_ATTRIBUTES_FOLLOW_LEDGER)
+        self._intent_heard = current or workflow.patched(PATCH_INTENT_HEARD)
+        first = initial_search_attributes(run_input)
+        if not (current and _started_with(first)):
+            workflow.upsert_search_attributes([pair.key.value_set(pair.value) for pair in first])
         try:
             result = await self._converse(run_input)
         except Exception:
@@ -125,7 +144,7 @@ class AgentRunWorkflow(WriteCallHandlers):
             run_id=workflow.info().workflow_id,
             tenant=run_input.tenant,
             agent=spec.name,
-            by_reference=workflow.patched(PATCH_CONVERSATION_BY_REFERENCE),
+            by_reference=self._current or workflow.patched(PATCH_CONVERSATION_BY_REFERENCE),
         )
         messages = conversation.messages
         if spec.instructions:

@@ -52,6 +52,7 @@ class WriteCallState:
         self._nudged: set[str] = set()
         self._escalated: dict[str, str] = {}
         # Decided once, on the first workflow task, so a run keeps one behaviour for its whole life.
+        self._current = False  # agent_run.PATCH_CURRENT: every earlier patch at once
         self._recheck = False
         self._attributes_follow_ledger = False
         self._held: set[str] = set()

@@ -156,7 +156,7 @@ class WriteWaits(WriteSends):
             not failing
             and self._recheck
             and nothing_to_poll(tool)
-            and workflow.patched(PATCH_WAIT_WITHOUT_RECONCILER)
+            and (self._current or workflow.patched(PATCH_WAIT_WITHOUT_RECONCILER))
         )
         if not alone:
             await self._start_reconcile(spec, tool, ref)

@@ -10,7 +10,12 @@ from typing import Any, TypeVar
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributeKey, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributeKey,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.runtime import Runtime
@@ -20,7 +25,7 @@ from onceflow.runtime.constants import SEARCH_ATTRIBUTES
 from onceflow.runtime.telemetry import configure_tracing, tracing_interceptor
 from onceflow.sdk.keys import check_run_id
 from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
-from onceflow.workflows.agent_run import AgentRunWorkflow
+from onceflow.workflows.agent_run import AgentRunWorkflow, initial_search_attributes
 
 
 class RunIdTakenError(ValueError):
@@ -97,6 +102,8 @@ async def start_run(
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             static_summary=f"{run_input.agent} for {run_input.tenant}",
+            # Shown from the start, and the run need not upsert them on its first task.
+            search_attributes=TypedSearchAttributes(initial_search_attributes(run_input)),
         )
     except WorkflowAlreadyStartedError as exc:
         raise RunIdTakenError(run_id) from exc

@@ -163,21 +163,22 @@ async def escalated_then_resolved(r: Recorder) -> None:
     handle, account = await r.start("credit-escalating")
     DOWNSTREAM.modes[account] = "hang_after_apply"
     key = await _phase(handle, Phase.AWAITING_RECONCILIATION)
-    reconciler = reconcile_workflow_id(key)
 
     async def escalated() -> bool:
         record = await r.api.ledger.find(key)
         return record is not None and record.escalated_at is not None
 
-    # Past its deadline the reconciler escalates and stays open, watching the ledger for a person.
+    # The tool has nothing to poll (no hook, no dedup window): since `wait-without-reconciler` the
+    # run waits alone and escalates the call itself at the deadline. Sets recorded before that patch
+    # hold the reconciler's side (reconcile-open_escalated, reconcile-escalated_then_settled).
     await _until(escalated, f"{key} to be escalated")
-    await r.save("reconcile-open_escalated", reconciler, "open: escalated to the owner, watching the ledger")
+    await r.save(
+        "agent_run-open_escalated", handle.id, "open: escalated by the run itself, waiting for a person"
+    )
     signal = ResolveSignal(key=key, status="failed", reason="no credit in billing", actor="oncall")
     await handle.signal(AgentRunWorkflow.resolve, signal)
     await asyncio.wait_for(handle.result(), WAIT)
     await r.save("agent_run-escalated_then_resolved", handle.id, "escalated, then settled by a signal")
-    await asyncio.wait_for(r.client.get_workflow_handle(reconciler).result(), WAIT)
-    await r.save("reconcile-escalated_then_settled", reconciler, "escalated, then settled by a person")
 
 
 async def _compensate(r: Recorder, *, void_hangs: bool) -> str:

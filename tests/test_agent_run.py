@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status
-from onceflow.sdk.payloads import Phase, ResolveSignal
-from onceflow.workflows.agent_run import AgentRunWorkflow
+from onceflow.runtime.constants import AGENT, PHASE, TENANT
+from onceflow.sdk.payloads import AgentRunInput, AgentRunResult, Phase, ResolveSignal
+from onceflow.workflows.agent_run import PATCH_CURRENT, AgentRunWorkflow
 from tests.support.agents import support_registry
 from tests.support.downstream import DOWNSTREAM
 from tests.workflow_harness import Harness, running_worker
@@ -170,3 +172,61 @@ async def test_a_key_recorded_for_another_tenant_fails_the_run_and_sends_nothing
     assert DOWNSTREAM.send_attempts == 0
     record = await harness.ledger.get(key, with_events=False)
     assert (record.tenant, record.owner, record.status) == ("other", "someone-else", Status.STARTED)
+
+
+# -- what a run records at its start ----------------------------------------------------------------
+# `start_run` sets OnceflowPhase, OnceflowTenant and OnceflowAgent at the start, so the run shows them
+# before its first task and need not upsert them; a run started another way (a bare Temporal client)
+# still upserts them itself. Either way it takes every earlier patch under one marker
+# (workflows/agent_run.py, PATCH_CURRENT); runs recorded before replay them one by one
+# (tests/test_replay.py).
+
+
+async def _start_events(
+    handle: WorkflowHandle[AgentRunWorkflow, AgentRunResult],
+) -> tuple[list[str], list[list[str]]]:
+    """The run's patch markers' ids and its search-attribute upserts' names, in order."""
+    history = await handle.fetch_history()
+    markers: list[str] = []
+    upserts: list[list[str]] = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            details = event.marker_recorded_event_attributes.details["patch-data"].payloads[0].data
+            markers.append(json.loads(details)["id"])
+        elif event.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+            fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            upserts.append(sorted(fields))
+    return markers, upserts
+
+
+async def test_a_run_from_start_run_shows_its_attributes_at_once_and_records_one_marker(
+    harness: Harness,
+) -> None:
+    handle = await harness.start("credit-reconciled", ORDER, tenant="acme")
+    started = (await handle.describe()).typed_search_attributes
+    assert (started.get(PHASE), started.get(TENANT), started.get(AGENT)) == (
+        "running",
+        "acme",
+        "credit-reconciled",
+    )
+    await handle.result()
+    markers, upserts = await _start_events(handle)
+    assert markers == [PATCH_CURRENT]
+    # The patch's own TemporalChangeVersion, then the phase at the end: nothing at the start.
+    assert upserts == [["TemporalChangeVersion"], [PHASE.name]]
+    assert (await handle.describe()).typed_search_attributes.get(PHASE) == "completed"
+
+
+async def test_a_run_started_without_them_upserts_them_itself(harness: Harness) -> None:
+    handle = await harness.client.start_workflow(
+        AgentRunWorkflow.run,
+        AgentRunInput(agent="credit-reconciled", tenant="acme", input=ORDER, max_turns=20),
+        id=f"run-{uuid.uuid4().hex[:10]}",
+        task_queue=harness.task_queue,
+    )
+    await handle.result()
+    markers, upserts = await _start_events(handle)
+    assert markers == [PATCH_CURRENT]
+    assert upserts[1] == sorted([AGENT.name, PHASE.name, TENANT.name])
+    described = (await handle.describe()).typed_search_attributes
+    assert (described.get(TENANT), described.get(AGENT)) == ("acme", "credit-reconciled")

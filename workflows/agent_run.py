@@ -68,7 +68,7 @@ PATCH_SEARCH_ATTRIBUTES_FOLLOW_LEDGER = "search-attributes-follow-ledger"
 # it asked for it (ToolCallInput.heard), so that the intent guard can tell a new effect from a retry.
 PATCH_INTENT_HEARD = "intent-heard"
 # Every patch above (and write_waits.PATCH_WAIT_WITHOUT_RECONCILER), taken at once by a run that
-# starts with it: one marker where there were five, and one TemporalChangeVersion upsert (a
+# starts with it: one marker where there were up to five, and one TemporalChangeVersion upsert (a
 # visibility write each) where there were as many. Such a run also skips its first search-attribute
 # upsert when it was started with those values (`start_run` sets them). Runs started before replay
 # the patches one by one, as they recorded them.

@@ -24,7 +24,8 @@ then its completion: the two durable commits the design requires), sent bare on 
 connection with the same values a write call sends, and with the write's send between them
 (untimed), as a write call makes them; each is also printed alone. The
 `floor ratio p50` line is (onceflow's write latency - plain's) / that pair, at the p50 of each: how
-many times its own two commits onceflow adds on top of a plain activity (goal <= 1.25).
+many times its own two commits onceflow adds on top of a plain activity (goal <= 1.25), with a 95%
+bootstrap interval (the ratio of two medians of a noisy latency: about +-0.25 at 200 runs).
 
     .venv/bin/python bench/e2e.py [--runs 200] [--warmup 5] [--plain-shape mirrored|single]
                                   [--shared-ssl-context]

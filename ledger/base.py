@@ -103,14 +103,14 @@ _RELEASING: set[asyncio.Task[None]] = set()
 
 
 def _release_later(pool: asyncpg.Pool, conn: Any) -> None:
-    """Give the connection back to the pool without waiting for it.
+    """Give the connection back to asyncpg's pool without waiting for it.
 
     asyncpg's `Pool.release` runs under `asyncio.shield`, a task of its own: awaiting it costs the
-    caller two turns of the event loop (about 0.1 ms in a busy worker) after a statement whose answer
-    is already in hand. The release is left to run on its own instead; asyncpg's pool is built for
-    that (a connection is only handed out again once its release has run, and `Pool.close` waits for
-    every release). A release that fails has already closed its connection: it is logged, and the
-    pool opens a new one when it needs one.
+    caller two turns of the event loop after a statement whose answer is already in hand. The
+    release is left to run on its own instead; asyncpg's pool is built for that (a connection is
+    only handed out again once its release has run, and `Pool.close` waits for every release). A
+    release that fails has already closed its connection: it is logged, and the pool opens a new one
+    when it needs one.
     """
     task = asyncio.ensure_future(pool.release(conn))
     _RELEASING.add(task)
@@ -123,18 +123,106 @@ def _released(task: asyncio.Task[None]) -> None:
         log.warning("returning a connection to the ledger pool failed: %r", task.exception())
 
 
+# How long a connection may stay with the ledger unused before it goes back to asyncpg's pool,
+# whose own inactivity timer (300 s by default) then closes it.
+KEEP_IDLE_SECONDS = 60.0
+
+
+def _open(conn: Any) -> bool:
+    """Is this pooled connection still open? asyncpg hands a connection that closed (the server went
+    away, its backend was killed) back to its pool by itself, after which the connection answers
+    every call with InterfaceError."""
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
+
+
+class _Connections:
+    """The ledger's connections between operations, over asyncpg's pool.
+
+    asyncpg's pool opens every connection (with `_set_up`), bounds how many there are, cleans up
+    after a failed or cancelled statement and closes them. But handing a connection back to it takes
+    a task of its own and two or three turns of the event loop, each a system call, after every
+    statement: as much client CPU as the statement itself (docs/benchmarks.md, "Issue 22, seventh
+    pass"). So a connection that an operation leaves clean (it ended without an exception, no
+    transaction is open, the connection is not closed) stays here, and the next operation takes it
+    back at once. Every other connection goes back to asyncpg's pool: one that saw an error or a
+    cancellation, every connection while some operation waits on the pool for one (it would
+    otherwise wait for a connection kept here), one unused for `KEEP_IDLE_SECONDS`, and all of them
+    at close.
+    """
+
+    __slots__ = ("_closed", "_idle", "_pool", "_timer", "_waiting", "keep_idle_seconds")
+
+    def __init__(self, pool: asyncpg.Pool, keep_idle_seconds: float = KEEP_IDLE_SECONDS) -> None:
+        self._pool = pool
+        self._idle: list[tuple[Any, float]] = []  # (connection, when it was left here), newest last
+        self._waiting = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.keep_idle_seconds = keep_idle_seconds
+
+    async def acquire(self) -> Any:
+        idle = self._idle
+        while idle:
+            conn, _ = idle.pop()
+            if _open(conn):
+                return conn
+            _release_later(self._pool, conn)  # closed meanwhile: asyncpg tidies up, if it has not
+        self._waiting += 1
+        try:
+            return await self._pool.acquire()
+        finally:
+            self._waiting -= 1
+
+    def release(self, conn: Any, *, clean: bool) -> None:
+        if not clean or self._waiting or self._closed or not _open(conn) or conn.is_in_transaction():
+            _release_later(self._pool, conn)
+            return
+        loop = asyncio.get_running_loop()
+        self._idle.append((conn, loop.time()))
+        if self._timer is None:
+            self._timer = loop.call_later(self.keep_idle_seconds, self._give_back_unused)
+
+    def _give_back_unused(self) -> None:
+        """Hand the connections unused for `keep_idle_seconds` back to asyncpg's pool."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        cutoff = loop.time() - self.keep_idle_seconds
+        unused = [conn for conn, since in self._idle if since <= cutoff]
+        self._idle = [(conn, since) for conn, since in self._idle if since > cutoff]
+        for conn in unused:
+            _release_later(self._pool, conn)
+        if self._idle:  # the oldest left decides when to look again
+            self._timer = loop.call_at(self._idle[0][1] + self.keep_idle_seconds, self._give_back_unused)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            _release_later(self._pool, conn)
+        await self._pool.close()  # waits for every release, and for operations still under way
+
+    def idle_count(self) -> int:
+        return len(self._idle)
+
+
 class _Operation:
-    """One ledger operation: a `ledger.<name>` span around a connection from asyncpg's pool.
+    """One ledger operation: a `ledger.<name>` span around one of the ledger's connections.
 
     Written as one context manager rather than three nested ones (a span, making it current, a
-    pool checkout) because it runs twice per side-effecting tool call. It ends the span the way
+    checkout) because it runs twice per side-effecting tool call. It ends the span the way
     `Tracer.start_as_current_span` does, recording an exception as the span's error.
     """
 
-    __slots__ = ("_attributes", "_conn", "_name", "_pool", "_span", "_token")
+    __slots__ = ("_attributes", "_conn", "_connections", "_name", "_span", "_token")
 
-    def __init__(self, pool: asyncpg.Pool, name: str, attributes: dict[str, str]) -> None:
-        self._pool = pool
+    def __init__(self, connections: _Connections, name: str, attributes: dict[str, str]) -> None:
+        self._connections = connections
         self._name = name
         self._attributes = attributes
 
@@ -142,7 +230,7 @@ class _Operation:
         self._span = tracer.start_span(f"ledger.{self._name}", attributes=self._attributes)
         self._token = context.attach(trace.set_span_in_context(self._span))
         try:
-            self._conn = await self._pool.acquire()
+            self._conn = await self._connections.acquire()
         except UNAVAILABLE as exc:
             raise self._end(LedgerUnavailableError(f"ledger {self._name} failed: {exc}")) from exc
         except asyncpg.PostgresError as exc:
@@ -157,7 +245,7 @@ class _Operation:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        _release_later(self._pool, self._conn)
+        self._connections.release(self._conn, clean=exc is None)
         if isinstance(exc, UNAVAILABLE):
             raise self._end(LedgerUnavailableError(f"ledger {self._name} failed: {exc}")) from exc
         self._end(exc)
@@ -178,6 +266,7 @@ class LedgerBase:
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+        self._connections = _Connections(pool)
 
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Self:
@@ -190,7 +279,7 @@ class LedgerBase:
         return cls(pool)
 
     async def close(self) -> None:
-        await self._pool.close()
+        await self._connections.close()
 
     def connection(self, operation: str, **attributes: Any) -> _Operation:
         """`async with` a pooled connection inside a `ledger.<operation>` span.
@@ -199,7 +288,7 @@ class LedgerBase:
         LedgerUnavailableError.
         """
         span_attributes = {f"onceflow.{k}": str(v) for k, v in attributes.items() if v is not None}
-        return _Operation(self._pool, operation, span_attributes)
+        return _Operation(self._connections, operation, span_attributes)
 
     @staticmethod
     def annotate(record: ToolExecutionRecord, outcome: str | None = None) -> None:

@@ -1,9 +1,12 @@
 """Reserving a call under guards: one statement, a server-side function that locks, checks and writes.
 
 The guards' rules (ledger/guards.py describes them) are decided by `onceflow_guarded_reserve`
-(migrations/0010_guarded_reserve_function.sql; 0017 is its current form), in one statement: the
-advisory locks, one read of the call's row and its twins, lineage, intent, entity and budget, the
-write (only over the row version read) and its event. A run's first write claims its run id in
+(migrations/0010_guarded_reserve_function.sql), in one statement. Since migration 0018 it takes the
+advisory locks and inserts a call with nothing in its way (no row for its key, no twin, no busy entity,
+room in its budget, no call it replaces) itself, with its event; any other call it hands to
+`onceflow_guarded_decide` (0017's form of the whole decision): one read of the call's row and its
+twins, lineage, intent, entity and budget, the write (only over the row version read) and its event.
+tests/test_guarded_fast_path.py holds the first to writing exactly what the second would. A run's first write claims its run id in
 the same statement (migrations/0011_claim_with_reservation.sql). One round trip and one commit: the
 statement commits on its own, and its backend aborts it if the worker dies while it waits on a lock
 (`client_connection_check_interval`, ledger/base.py), so that nothing is committed for a client that

@@ -26,7 +26,8 @@ also a unique index (migrations/0006, 0007), so no path that skips these checks 
 
 The checks themselves run in the database, in one statement: `onceflow_guarded_reserve`
 (migrations/0010_guarded_reserve_function.sql) is their only implementation; ledger/guarded.py calls
-it. This module holds what callers declare (`Guard`) and the names of what comes back.
+it. (Since migration 0018 it inserts a call with nothing in its way without walking the rules, and
+hands every other call to `onceflow_guarded_decide`, which holds them.) This module holds what callers declare (`Guard`) and the names of what comes back.
 """
 
 from __future__ import annotations

@@ -143,7 +143,9 @@ async def test_a_call_with_nothing_in_its_way_is_written_as_the_decision_writes_
 async def test_a_twin_is_decided_by_the_whole_function(conn: asyncpg.Connection) -> None:
     run = f"run-{uuid.uuid4().hex[:8]}"
     await _reserve(conn, "onceflow_guarded_reserve", Guard(), run_id=run, tool_call_id="call_1")
-    twin, decided = await _reserve(conn, "onceflow_guarded_reserve", Guard(), run_id=run, tool_call_id="call_2")
+    twin, decided = await _reserve(
+        conn, "onceflow_guarded_reserve", Guard(), run_id=run, tool_call_id="call_2"
+    )
     assert decided == 1
     assert (twin["outcome"], twin["status"], twin["held_by"]) == ("held", "held", f"{run}:call_1")
 

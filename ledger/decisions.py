@@ -1,5 +1,6 @@
-"""Decisions people (and reconcilers) make about calls: settle, approve, deny, release, escalate,
-compensated.
+"""Decisions people (and reconcilers) make about calls that were sent: settle, late outcomes,
+escalate, compensated. Approving, denying and releasing a call that was never sent are in
+ledger/approvals.py, on the same footing (`LockedDecisions`).
 
 Each one locks the row, checks that the call is in a state that allows it, changes it and appends
 its event, all in one transaction. Of two people deciding at once, one wins; the other gets an error
@@ -14,7 +15,7 @@ import asyncpg
 
 from onceflow import metrics
 from onceflow.ledger import queries
-from onceflow.ledger.base import has_evidence, require_text, to_json
+from onceflow.ledger.base import LedgerBase, has_evidence, require_text, to_json
 from onceflow.ledger.conflicts import ConflictFlags, contradicts, never_sent, same_report
 from onceflow.ledger.errors import (
     AlreadySettledError,
@@ -43,7 +44,9 @@ def _same_settlement(
     )
 
 
-class OperatorDecisions(ConflictFlags):
+class LockedDecisions(LedgerBase):
+    """What every decision starts with: the row, locked, and the refusal that names who came first."""
+
     async def _locked(self, conn: asyncpg.Connection, key: str, tenant: str | None) -> asyncpg.Record:
         row = await conn.fetchrow(queries.SELECT_FOR_DECISION, key)
         if row is None or (tenant is not None and row["tenant"] != tenant):
@@ -62,6 +65,11 @@ class OperatorDecisions(ConflictFlags):
             decided_by, decided_at = row["approved_by"], row["approved_at"]
         error_type = AlreadySettledError if decided_by else InvalidTransitionError
         return error_type(row["key"], current.value, wanted, settled_by=decided_by, settled_at=decided_at)
+
+
+class OperatorDecisions(ConflictFlags, LockedDecisions):
+    """Decisions about a call that was sent: settle it, record a late outcome, escalate it, mark it
+    compensated. (Decisions about calls never sent are in ledger.approvals.)"""
 
     async def settle(
         self,
@@ -221,128 +229,6 @@ class OperatorDecisions(ConflictFlags):
                 detail=detail,
             )
         return current
-
-    async def approve(
-        self,
-        key: str,
-        *,
-        actor: str,
-        reason: str | None = None,
-        tenant: str | None = None,
-        source: EventSource = EventSource.API,
-    ) -> ToolExecutionRecord:
-        """Record an approval on an `awaiting_approval` call. The run then dispatches it, once.
-
-        Approving again as the same actor (a retried request) returns the record without an event.
-        """
-        actor = require_text(actor, "approving a call (actor)")
-        async with self.connection("approve", key=key) as conn, conn.transaction():
-            row = await self._locked(conn, key, tenant)
-            updated = await conn.fetchrow(queries.APPROVE, key, actor)
-            if updated is None:
-                if row["approved_by"] == actor and row["approved_at"] is not None:
-                    return to_record(row)
-                raise self._refuse(row, "approve")
-            await self.insert_event(
-                conn,
-                key,
-                actor=actor,
-                kind="approved",
-                source=source,
-                from_status=Status.AWAITING_APPROVAL,
-                reason=reason.strip() if reason and reason.strip() else None,
-                detail={"payload_sha256": row["payload_sha256"]},
-            )
-        return to_record(updated)
-
-    async def deny(
-        self,
-        key: str,
-        *,
-        actor: str,
-        reason: str,
-        tenant: str | None = None,
-        source: EventSource = EventSource.API,
-    ) -> ToolExecutionRecord:
-        """Deny an `awaiting_approval` call: `denied` is final, and nothing is ever sent.
-
-        The same denial again (same actor and reason: a retried request) returns the record.
-        """
-        reason = require_text(reason, "denying a call")
-        actor = require_text(actor, "denying a call (actor)")
-        async with self.connection("deny", key=key) as conn, conn.transaction():
-            row = await self._locked(conn, key, tenant)
-            updated = await conn.fetchrow(queries.DENY, key, actor, reason)
-            if updated is None:
-                if row["status"] == Status.DENIED and (row["settled_by"], row["reason"]) == (actor, reason):
-                    return to_record(row)
-                raise self._refuse(row, "deny")
-            await self.insert_event(
-                conn,
-                key,
-                actor=actor,
-                kind="denied",
-                source=source,
-                from_status=Status.AWAITING_APPROVAL,
-                to_status=Status.DENIED,
-                reason=reason,
-            )
-            since = await conn.fetchval(queries.ENTERED_STATUS_AT, key, Status.AWAITING_APPROVAL.value)
-        record = to_record(updated)
-        metrics.record_settled(record, Status.AWAITING_APPROVAL, source, since)
-        return record
-
-    async def release(
-        self,
-        key: str,
-        *,
-        actor: str,
-        reason: str,
-        tenant: str | None = None,
-        source: EventSource = EventSource.API,
-    ) -> ToolExecutionRecord:
-        """Release a call that was never sent: `held`, or approved and not yet claimed by its run.
-
-        It becomes `failed` (`released`, final): it no longer holds its entity slot or budget
-        amount, its key is never reserved again, and its run, asking the ledger, is told it did not
-        take effect. Of two operators the first wins; the other gets `AlreadySettledError` naming
-        them. The same release again (same actor and reason) returns the record without an event.
-        An approval still awaited is denied, not released.
-        """
-        reason = require_text(reason, "releasing a call")
-        actor = require_text(actor, "releasing a call (actor)")
-        async with self.connection("release", key=key) as conn, conn.transaction():
-            row = await self._locked(conn, key, tenant)
-            current = Status(row["status"])
-            updated = await conn.fetchrow(queries.RELEASE, key, actor, reason)
-            if updated is None:
-                if row["failure_kind"] == FailureKind.RELEASED and (row["settled_by"], row["reason"]) == (
-                    actor,
-                    reason,
-                ):
-                    return to_record(row)
-                if current is Status.AWAITING_APPROVAL and row["approved_at"] is None:
-                    raise InvalidTransitionError(
-                        key, current.value, "release: it awaits approval; deny it instead"
-                    )
-                raise self._refuse(row, "release")
-            detail = (
-                {"held_by": row["held_by"]} if current is Status.HELD else {"approved_by": row["approved_by"]}
-            )
-            await self.insert_event(
-                conn,
-                key,
-                actor=actor,
-                kind="released",
-                source=source,
-                from_status=current,
-                to_status=Status.FAILED,
-                reason=reason,
-                detail=detail,
-            )
-            record = to_record(updated)
-            self.annotate(record, "released")
-        return record
 
     async def escalate(
         self,

@@ -5,8 +5,9 @@ module and each about one thing:
 
 - ledger.calls: the call path: `reserve`, the owner's `complete`/`fail`, `mark_indeterminate`;
 - ledger.reads: `get`, `find`, `list_unresolved`;
-- ledger.decisions: what operators and reconcilers decide (settle, approve, deny, release,
+- ledger.decisions: what operators and reconcilers decide about a call that was sent (settle,
   escalate, compensated, late outcomes), with ledger.conflicts (flag and acknowledge a conflict);
+- ledger.approvals: what operators decide about a call never sent (approve, deny, release);
 - ledger.guarded: reservations under guards, one server-side function;
 - ledger.lineage: replacement chains and held calls;
 - ledger.resends: resends within a receiver's dedup window;
@@ -18,6 +19,7 @@ than being part of it: they are not about one call's record.
 
 from __future__ import annotations
 
+from onceflow.ledger.approvals import Approvals
 from onceflow.ledger.calls import CallIdentity, CallPath
 from onceflow.ledger.compensations import CompensationRequests
 from onceflow.ledger.decisions import OperatorDecisions
@@ -28,7 +30,7 @@ from onceflow.ledger.resends import Resends
 __all__ = ["CallIdentity", "Ledger", "UnresolvedPage"]
 
 
-class Ledger(CallPath, Reads, OperatorDecisions, LineageReads, Resends, CompensationRequests):
+class Ledger(CallPath, Reads, OperatorDecisions, Approvals, LineageReads, Resends, CompensationRequests):
     """The tool-execution ledger. Create with `await Ledger.connect(dsn)`; close with `close()`.
 
     Every operation is a method here; the module docstring says which part holds it.

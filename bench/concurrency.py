@@ -10,7 +10,7 @@ the wall time from the first start to the last result) and the write activity's 
 (ActivityTaskScheduled -> ActivityTaskCompleted, from history) at p50 and p95; then onceflow/plain.
 Kinds alternate per round, the order flipping each round.
 
-    .venv/bin/python bench/concurrency.py [--in-flight 1 16 64 256] [--rounds 1]
+    .venv/bin/python bench/concurrency.py [--in-flight 1 16 64 256] [--rounds 2]
 
 Quick check: --in-flight 1 8. TEMPORAL_ADDRESS or ONCEFLOW_DATABASE_URL, when set, replace the
 embedded parts (see onceflow.cli.dev).
@@ -150,7 +150,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 16, 64, 256])
-    parser.add_argument("--rounds", type=int, default=1, help="batches of each kind per N")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="batches of each kind per N (one alone is noisy: see docs/benchmarks.md)",
+    )
     args = parser.parse_args()
     if min(args.in_flight) < 1 or args.rounds < 1:
         parser.error("--in-flight and --rounds must be at least 1")

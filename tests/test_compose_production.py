@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_compose import (
+from tests.support.compose_files import (
     ROOT,
     argv,
     command_problem,

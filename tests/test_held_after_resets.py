@@ -23,8 +23,8 @@ from onceflow.activities.held import wake_held
 from onceflow.ledger import Status
 from onceflow.sdk.payloads import Phase
 from tests.support.downstream import DOWNSTREAM
+from tests.support.guarded_runs import ORDER, _phase_is, harness, reset_before_the_credit, write_keys
 from tests.support.waiting import eventually
-from tests.test_guarded_runs import ORDER, _phase_is, harness, reset_before_the_credit, write_keys
 from tests.workflow_harness import Harness
 
 __all__ = ["harness"]  # the fixture, used by name

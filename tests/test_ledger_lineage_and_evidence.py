@@ -137,7 +137,7 @@ async def test_a_reconcile_hooks_verdict_is_evidence_enough(ledger: Ledger) -> N
 
 
 async def test_unbudgeted_calls_settle_as_failed_on_a_reason_alone(ledger: Ledger) -> None:
-    from tests.test_ledger_settle import indeterminate
+    from tests.support.ledger_calls import indeterminate
 
     key = await indeterminate(ledger, tenant="acme")
     record = await ledger.settle(key, status=Status.FAILED, actor="operator:alice", reason="not there")

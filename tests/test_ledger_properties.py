@@ -12,6 +12,9 @@ rules synchronously. So the test itself is synchronous: each example's coroutine
 loop of their own in a thread (`LoopThread`), and the pools live there. The session loop is used only
 by the `template_dsn` fixture, before the first example.
 
+The operators' and the reconciler's decisions are rules mixed in from
+tests/support/ledger_operator_rules.py, the compound rules from tests/support/ledger_scenarios.py.
+
 Bounded in the default suite; `make properties` runs many more examples (the `properties` marker and
 the Hypothesis profile `ONCEFLOW_PROPERTIES=long`).
 """
@@ -30,10 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from onceflow.ledger import (
-    AlreadySettledError,
     CallIdentity,
-    ConflictNotOpenError,
-    EventSource,
     FailureKind,
     Guard,
     Ledger,
@@ -47,6 +47,7 @@ from onceflow.ledger import (
 from onceflow.local.postgres import create_database, drop_database
 from tests.conftest import TEMPLATE
 from tests.support import ledger_invariants as inv
+from tests.support.ledger_operator_rules import OperatorRules
 from tests.support.ledger_scenarios import CompoundRules
 from tests.support.loop_thread import LoopThread
 
@@ -54,10 +55,7 @@ LIMIT = inv.LIMIT
 GUARDED_TOOL, PLAIN_TOOL = inv.GUARDED_TOOL, "send_note"
 CALL_IDS = ("c0", "c1", "c2", "c3")
 WORKERS = ("w1", "w2", "w3")
-OPERATORS = ("operator:alice", "operator:bob")
-EVIDENCE = {"checked": "the receiver's records"}
 SHORT, LONG = timedelta(milliseconds=1), timedelta(hours=1)
-RESEND_SHORT, RESEND_LONG = timedelta(milliseconds=200), timedelta(minutes=5)
 
 # How a guarded call is reserved: the intent rule, what the model had heard, entity and budget.
 GUARDS = st.fixed_dictionaries(
@@ -93,7 +91,7 @@ def _profile() -> settings:
     return settings.get_profile(f"{name}-properties")
 
 
-class LedgerMachine(CompoundRules, RuleBasedStateMachine):
+class LedgerMachine(CompoundRules, OperatorRules, RuleBasedStateMachine):
     loop: LoopThread
     admin_dsn: str
 
@@ -279,105 +277,6 @@ class LedgerMachine(CompoundRules, RuleBasedStateMachine):
         key = self.pick_guarded(index)
         if key is not None:
             self.run(self.pools[1].record_late_outcome(key, actor="reconciler:hook", status=status))
-
-    # -- operators -------------------------------------------------------------------------------
-
-    @rule(
-        index=st.integers(0, 50),
-        status=st.sampled_from((Status.COMPLETED, Status.FAILED)),
-        who=st.integers(0, 1),
-    )
-    def settle(self, index: int, status: Status, who: int) -> None:
-        key = self.pick_guarded(index)
-        if key is None:
-            return
-        outcome = self.run(
-            inv.attempt(self.pools[2].settle(key, **inv.settlement(OPERATORS[who], status, key)))
-        )
-        self.model.note_decision(key, OPERATORS[who], outcome)
-
-    @rule(
-        index=st.integers(0, 50),
-        first=st.sampled_from((Status.COMPLETED, Status.FAILED)),
-        second=st.sampled_from((Status.COMPLETED, Status.FAILED)),
-    )
-    def two_operators_race(self, index: int, first: Status, second: Status) -> None:
-        key = self.pick_guarded(index)
-        if key is None:
-            return
-        alice, bob = self.run(
-            inv.race(
-                self.pools[1].settle(key, **inv.settlement(OPERATORS[0], first, key)),
-                self.pools[2].settle(key, **inv.settlement(OPERATORS[1], second, key)),
-            )
-        )
-        won = [
-            actor
-            for actor, out in zip(OPERATORS, (alice, bob), strict=True)
-            if not isinstance(out, Exception)
-        ]
-        assert len(won) <= 1, f"both operators settled {key}"
-        for actor, out in zip(OPERATORS, (alice, bob), strict=True):
-            self.model.note_decision(key, actor, out)
-            if won and isinstance(out, AlreadySettledError):
-                assert out.settled_by == won[0], f"the loser was told {out.settled_by}, not {won[0]}"
-        if won:
-            loser = alice if won[0] == OPERATORS[1] else bob
-            assert isinstance(loser, AlreadySettledError), f"the losing operator got {loser!r}"
-
-    @rule(
-        index=st.integers(0, 50),
-        action=st.sampled_from(("approve", "deny", "release")),
-        who=st.integers(0, 1),
-    )
-    def operator_decides(self, index: int, action: str, who: int) -> None:
-        key, actor, ledger = self.pick(index), OPERATORS[who], self.pools[2]
-        if key is None:
-            return
-        if action == "approve":
-            coro = ledger.approve(key, actor=actor)
-        elif action == "deny":
-            coro = ledger.deny(key, actor=actor, reason="not now")
-        else:
-            coro = ledger.release(key, actor=actor, reason="never sent; let it go")
-        self.model.note_decision(key, actor, self.run(inv.attempt(coro)))
-
-    @rule(
-        index=st.integers(0, 50),
-        status=st.sampled_from((Status.COMPLETED, Status.FAILED, Status.COMPENSATED)),
-        who=st.integers(0, 1),
-    )
-    def acknowledge(self, index: int, status: Status, who: int) -> None:
-        key = self.pick_guarded(index)
-        if key is None:
-            return
-        coro = self.pools[2].acknowledge_conflict(
-            key, actor=OPERATORS[who], status=status, reason="looked at the other side", evidence=EVIDENCE
-        )
-        try:
-            self.run(coro)
-        except ConflictNotOpenError:
-            pass
-
-    @rule(index=st.integers(0, 50), inside=st.booleans(), lead=st.sampled_from((RESEND_SHORT, RESEND_LONG)))
-    def reconciler_resends(self, index: int, inside: bool, lead: timedelta) -> None:
-        """A resend inside the receiver's dedup window (24 h) or outside it (a window shorter than the
-        lead). An allowed one is leased for `lead`: meanwhile no operator decision may land."""
-        window = timedelta(hours=24) if inside else lead / 2
-        key = self.pick_guarded(index)
-        if key is not None:
-            self.run(self.pools[1].begin_resend(key, window=window, lead=lead))
-
-    @rule(index=st.integers(0, 50), status=st.sampled_from((Status.COMPLETED, Status.FAILED)))
-    def resend_answered(self, index: int, status: Status) -> None:
-        """The receiver answered a resend: the reconciler settles the call (allowed during the lease)."""
-        key = self.pick_guarded(index)
-        if key is None:
-            return
-        coro = self.pools[1].settle(
-            key, **inv.settlement("reconciler", status, key), source=EventSource.RECONCILER
-        )
-        self.model.note_decision(key, "reconciler", self.run(inv.attempt(coro)))
 
     # -- retention and budgets -------------------------------------------------------------------
 

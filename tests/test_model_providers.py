@@ -1,5 +1,8 @@
 """Real model providers drive agent runs: the `openai` and `anthropic` SDKs over real HTTP, against
-local servers that speak (and check) each API's wire format, over real Temporal and PostgreSQL.
+local servers that speak (and check) each API's wire format, over real Temporal and PostgreSQL. Here,
+the conversation: tools offered and results returned in each provider's shape, several calls in one
+answer, tool call ids repeated or missing, and arguments the model gets wrong. What the providers'
+errors do to a run is in tests/test_model_provider_errors.py.
 
 Every test runs once per provider. The servers refuse what the real APIs refuse, and any refusal
 fails the test (tests/support/model_server.py), so each run also shows that the conversation onceflow
@@ -9,11 +12,8 @@ the ids the workflow minted on both sides.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,93 +21,19 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from temporalio.client import WorkflowFailureError
-from temporalio.testing import WorkflowEnvironment
 
-from onceflow.ledger import Ledger, Status
-from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
+from onceflow.ledger import Status
 from onceflow.sdk.keys import call_key
-from onceflow.sdk.payloads import AgentRunResult, TokenUsage
+from onceflow.sdk.payloads import TokenUsage
 from onceflow.workflows.agent_run import AgentRunWorkflow
-from tests.support.downstream import DOWNSTREAM, issue_credit, lookup_order
-from tests.support.model_server import Answer, Call, Fault, Hang, ModelServer, Provider, serving
-from tests.workflow_harness import Harness, running_worker
+from tests.support.downstream import DOWNSTREAM
+from tests.support.model_providers import INSTRUCTIONS, KEY, LOOKUP, MODEL, harness, provider, run, server
+from tests.support.model_server import Answer, Call, ModelServer
+from tests.workflow_harness import Harness
 
-KEY_ENV = "ONCEFLOW_TEST_MODEL_KEY"
-KEY = "sk-test-0123456789abcdefSECRET"
-MODEL = "test-model"
-ORDER = json.dumps({"order_id": "o1"})
-INSTRUCTIONS = "You resolve billing complaints."
-LOOKUP = Call("lookup_order", {"order_id": "o1"})
 CREDIT = Call("issue_credit", {"account_id": "acct_o1", "amount_cents": 1250})
 
-
-@pytest.fixture(params=["openai", "anthropic"])
-def provider(request: pytest.FixtureRequest) -> Provider:
-    chosen: Provider = request.param
-    return chosen
-
-
-@pytest.fixture
-async def server(provider: Provider) -> AsyncIterator[ModelServer]:
-    async with serving(provider, KEY) as running:
-        yield running
-    assert running.problems == [], f"requests the real {provider} API would refuse: {running.problems}"
-
-
-def provider_agent(server: ModelServer, **model: Any) -> Agent:
-    config = AgentConfig.model_validate(
-        {
-            "model": {
-                "provider": server.provider,
-                "model": MODEL,
-                "base_url": server.url,
-                "api_key_env": KEY_ENV,
-                "request_timeout": "2s",
-                "retry_budget": "30s",
-                **model,
-            },
-            "instructions": INSTRUCTIONS,
-            "toolsets": ["test-billing"],
-            "tool_policy": {
-                "on_indeterminate": "pause",
-                "reconcile_deadline": "20s",
-                "reconcile_initial_interval": "0.2s",
-                "reconcile_max_interval": "1s",
-            },
-        }
-    )
-    return Agent("assistant", config, {t.name: t for t in (lookup_order, issue_credit)})
-
-
-@pytest.fixture
-async def harness(
-    server: ModelServer, temporal_env: WorkflowEnvironment, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Harness]:
-    DOWNSTREAM.reset()
-    monkeypatch.setenv(KEY_ENV, KEY)
-    registry = AgentRegistry({"assistant": provider_agent(server)})
-    async with running_worker(temporal_env.client, ledger, registry) as running:
-        yield running
-
-
-async def run(harness: Harness) -> tuple[str, AgentRunResult]:
-    handle = await harness.start("assistant", ORDER)
-    return handle.id, await asyncio.wait_for(handle.result(), 60)
-
-
-async def failed_run(harness: Harness) -> tuple[str, str, str]:
-    """(run id, the failure's whole text, the run's history as JSON) of a run that must fail."""
-    handle = await harness.start("assistant", ORDER)
-    with pytest.raises(WorkflowFailureError) as failed:
-        await asyncio.wait_for(handle.result(), 60)
-    chain: list[str] = []
-    error: BaseException | None = failed.value.cause
-    while error is not None:
-        chain.append(str(error))
-        error = error.__cause__
-    history = await handle.fetch_history()
-    return handle.id, " | ".join(chain), history.to_json()
+__all__ = ["harness", "provider", "server"]  # the fixtures, used by name
 
 
 def tool_results(server: ModelServer, request: int) -> list[tuple[str, dict[str, Any], bool]]:
@@ -205,87 +131,6 @@ async def test_apply_then_hang_on_the_write_is_reconciled_and_sent_once(
         "settled_by": "reconciler",
         "settlement_reason": record.reason,
     }
-
-
-async def test_a_rate_limit_waits_the_retry_after_then_the_run_succeeds(
-    harness: Harness, server: ModelServer
-) -> None:
-    server.answer(Fault(429, "slow down", headers={"retry-after": "2"}), Answer(text="Nothing to do."))
-    _, result = await run(harness)
-
-    assert result.final == "Nothing to do."
-    assert len(server.requests) == 2
-    # Temporal's own first backoff is 0.5 s: the two seconds came from the provider's Retry-After.
-    assert server.times[1] - server.times[0] >= 1.9
-
-
-async def test_a_server_error_then_success_is_retried(harness: Harness, server: ModelServer) -> None:
-    status = 500 if server.provider == "openai" else 529  # Anthropic's "overloaded"
-    server.answer(Fault(status, "try later"), Answer(calls=(LOOKUP,)), Answer(text="Found it."))
-    _, result = await run(harness)
-    assert result.final == "Found it."
-    assert len(server.requests) == 3
-
-
-async def test_a_request_that_times_out_is_tried_again(harness: Harness, server: ModelServer) -> None:
-    server.answer(Hang(), Answer(text="Here now."))
-    _, result = await run(harness)
-    assert result.final == "Here now."
-    assert len(server.requests) == 2
-
-
-async def test_a_wrong_key_fails_the_run_at_once_naming_provider_model_and_cause_without_the_key(
-    harness: Harness,
-    server: ModelServer,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-    temporal_env: WorkflowEnvironment,
-    ledger: Ledger,
-) -> None:
-    wrong = "sk-wrong-9876543210zyxwvuSECRET"
-    monkeypatch.setenv(KEY_ENV, wrong)
-    registry = AgentRegistry({"assistant": provider_agent(server)})
-    caplog.set_level(logging.DEBUG)
-    async with running_worker(temporal_env.client, ledger, registry) as own:
-        _, failure, history = await failed_run(own)
-
-    assert f"{server.provider} model {MODEL}: authentication failed (401)" in failure
-    assert len(server.requests) == 1  # no retry storm
-    assert server.keys_seen == [wrong]  # the server did get it, and quoted it back...
-    for text in (failure, history, caplog.text):  # ...but nothing onceflow keeps or prints has it
-        assert wrong not in text and KEY not in text
-    assert DOWNSTREAM.send_attempts == 0
-
-
-async def test_a_conversation_too_long_for_the_context_fails_the_run_at_once(
-    harness: Harness, server: ModelServer
-) -> None:
-    if server.provider == "openai":
-        fault = Fault(
-            400, "This model's maximum context length is 128000 tokens.", code="context_length_exceeded"
-        )
-    else:
-        fault = Fault(400, "prompt is too long: 250000 tokens > 200000 maximum")
-    server.answer(fault)
-    _, failure, _ = await failed_run(harness)
-    assert f"{server.provider} model {MODEL}: the conversation is too long for the model's context" in failure
-    assert len(server.requests) == 1
-
-
-async def test_an_outage_longer_than_the_retry_budget_fails_the_run_when_the_budget_is_spent(
-    server: ModelServer, temporal_env: WorkflowEnvironment, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(KEY_ENV, KEY)
-    server.answer(*[Fault(503, "down for maintenance")] * 20)
-    registry = AgentRegistry({"assistant": provider_agent(server, request_timeout="1s", retry_budget="5s")})
-    started = time.monotonic()
-    async with running_worker(temporal_env.client, ledger, registry) as own:
-        _, failure, _ = await failed_run(own)
-    # Temporal gives up as soon as the next attempt could not start within the budget.
-    assert time.monotonic() - started < 5 + 10
-    assert 3 <= len(server.requests) < 20
-    assert "unavailable (503)" in failure
-    server.script.clear()
 
 
 async def test_repeated_and_missing_tool_call_ids_never_share_a_key(

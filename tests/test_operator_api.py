@@ -1,4 +1,6 @@
-"""The operator API over HTTP: a real server, real runs on Temporal, a real ledger."""
+"""The operator API over HTTP: who may ask, reading the queue, resolving unknown calls and escalating
+those left unknown. A real server, real runs on Temporal, a real ledger. Approvals are in
+test_operator_api_approvals, compensation in test_operator_api_compensation."""
 
 from __future__ import annotations
 
@@ -11,29 +13,11 @@ from typing import Any
 
 import pytest
 
-from onceflow.ledger import CallIdentity, Ledger, OperatorTokens, SideEffect, Status
+from onceflow.ledger import CallIdentity, OperatorTokens, SideEffect, Status
 from onceflow.sdk.payloads import Phase
 from tests.support.downstream import DOWNSTREAM
-from tests.support.operator_api import OperatorApi
+from tests.support.operator_api import ARGUMENTS, OperatorApi, order, unknown_call
 from tests.test_agent_run import wait_for_phase
-
-ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500}
-
-
-async def unknown_call(ledger: Ledger, tenant: str = "acme", tool: str = "issue_credit") -> str:
-    """An indeterminate call put straight into the ledger (no run waits on it)."""
-    call = CallIdentity(tenant=tenant, run_id=f"run-{uuid.uuid4().hex[:8]}", tool_call_id="call_1_0")
-    await ledger.reserve(
-        call, tool_name=tool, side_effect=SideEffect.EXTERNAL, arguments=ARGUMENTS, owner="worker-1"
-    )
-    await ledger.mark_indeterminate(call.key, actor="inspector", reason="timed out")
-    return call.key
-
-
-def order(order_id: str | None = None) -> tuple[str, str]:
-    order_id = order_id or f"o{uuid.uuid4().hex[:8]}"
-    return json.dumps({"order_id": order_id}), f"acct_{order_id}"
-
 
 # -- who may ask ------------------------------------------------------------------------------------
 
@@ -258,62 +242,6 @@ async def test_bad_resolve_requests_get_a_clear_4xx_and_change_nothing(
     assert await operator_api.ledger.get(key) == before
 
 
-# -- approvals ----------------------------------------------------------------------------------------
-
-
-async def test_an_approved_call_is_sent_once_and_a_denied_one_never(operator_api: OperatorApi) -> None:
-    approved_payload, _ = order()
-    denied_payload, _ = order()
-    approved = await operator_api.runs.start("credit-approval", approved_payload)
-    denied = await operator_api.runs.start("credit-approval", denied_payload)
-    for handle in (approved, denied):
-        await wait_for_phase(handle, Phase.AWAITING_APPROVAL)
-    approved_key, denied_key = f"{approved.id}:call_1_0", f"{denied.id}:call_1_0"
-    assert DOWNSTREAM.send_attempts == 0
-
-    async with (
-        await operator_api.as_operator(operator="alice") as alice,
-        await operator_api.as_operator(operator="bob") as bob,
-    ):
-        listed = await alice.get("/v1/tool-executions", params={"status": "awaiting_approval"})
-        assert {i["key"] for i in listed.json()["items"]} == {approved_key, denied_key}
-        # Both operators approve at once: the approval is recorded once and consumed once.
-        answers = await asyncio.gather(
-            alice.post(f"/v1/tool-executions/{approved_key}/approve", json={"reason": "customer called"}),
-            bob.post(f"/v1/tool-executions/{approved_key}/approve", json={}),
-        )
-        assert sorted(a.status_code for a in answers) == [200, 409]
-        deny = await bob.post(f"/v1/tool-executions/{denied_key}/deny", json={"reason": "amount looks wrong"})
-        assert deny.status_code == 200 and deny.json()["execution"]["status"] == "denied"
-        late = await alice.post(f"/v1/tool-executions/{denied_key}/approve", json={})
-        assert late.status_code == 409 and late.json()["decided_by"] == "operator:bob"
-        no_reason = await alice.post(f"/v1/tool-executions/{denied_key}/deny", json={})
-        assert no_reason.status_code == 400
-
-    approved_result = await asyncio.wait_for(approved.result(), 20)
-    denied_result = await asyncio.wait_for(denied.result(), 20)
-    assert DOWNSTREAM.received == DOWNSTREAM.effects == {approved_key: 1}
-    assert DOWNSTREAM.send_attempts == 1
-    record = await operator_api.ledger.get(approved_key)
-    assert record.status is Status.COMPLETED
-    assert [e.kind for e in record.events] == ["reserved", "approved", "dispatched", "completed"]
-    assert "cr_" in approved_result.final
-    assert (await operator_api.ledger.get(denied_key)).status is Status.DENIED
-    assert denied_result.calls[-1].status == "denied"
-    assert "denied" in denied_result.final
-
-
-async def test_the_approval_deadline_denies_a_call_nobody_decided(operator_api: OperatorApi) -> None:
-    payload, _ = order()
-    handle = await operator_api.runs.start("credit-approval-short", payload)
-    result = await asyncio.wait_for(handle.result(), 20)
-    record = await operator_api.ledger.get(f"{handle.id}:call_1_0")
-    assert (record.status, record.settled_by) == (Status.DENIED, "onceflow:approval-deadline")
-    assert "approval deadline" in (record.reason or "")
-    assert result.calls[-1].status == "denied"
-    assert DOWNSTREAM.send_attempts == 0
-
-
 # -- escalation ---------------------------------------------------------------------------------------
 
 
@@ -353,109 +281,6 @@ async def test_at_the_reconcile_deadline_the_call_is_escalated_and_stays_unknown
     await handle.terminate("test over")
 
 
-# -- compensation -------------------------------------------------------------------------------------
-
-
-async def _completed_undoable(operator_api: OperatorApi) -> str:
-    payload, _ = order()
-    handle = await operator_api.runs.start("credit-undoable", payload)
-    await asyncio.wait_for(handle.result(), 20)
-    return f"{handle.id}:call_1_0"
-
-
-async def test_compensation_runs_once_through_the_ledger_and_marks_the_call(
-    operator_api: OperatorApi,
-) -> None:
-    key = await _completed_undoable(operator_api)
-    async with await operator_api.as_operator(operator="alice") as alice:
-        asked = await asyncio.gather(
-            *(
-                alice.post(f"/v1/tool-executions/{key}/compensate", json={"reason": "duplicate order"})
-                for _ in range(3)
-            )
-        )
-        assert {a.status_code for a in asked} == {202}
-        started = asked[0].json()
-        assert started["compensation_key"] == f"{key}:compensation"
-        handle = operator_api.runs.client.get_workflow_handle(started["workflow_id"])
-        outcome = await asyncio.wait_for(handle.result(), 20)
-        assert outcome["original_status"] == "compensated"
-        again = await alice.post(f"/v1/tool-executions/{key}/compensate", json={"reason": "again"})
-        assert again.status_code == 409 and again.json()["current_status"] == "compensated"
-
-    assert DOWNSTREAM.voids == {f"{key}:compensation": 1}
-    original = await operator_api.ledger.get(key)
-    assert original.status is Status.COMPENSATED
-    assert [(e.kind, e.actor, e.reason) for e in original.events][-1] == (
-        "compensated",
-        "operator:alice",
-        "duplicate order",
-    )
-    compensation = await operator_api.ledger.get(f"{key}:compensation")
-    assert (compensation.status, compensation.tool_name, compensation.attempt) == (
-        Status.COMPLETED,
-        "void_credit",
-        1,
-    )
-
-
-async def test_compensation_is_refused_for_calls_that_cannot_be_undone(operator_api: OperatorApi) -> None:
-    unknown = await unknown_call(operator_api.ledger)
-    payload, _ = order()
-    handle = await operator_api.runs.start("credit-reconciled", payload)  # issue_credit: no compensation
-    await asyncio.wait_for(handle.result(), 20)
-    async with await operator_api.as_operator() as acme:
-        not_done = await acme.post(f"/v1/tool-executions/{unknown}/compensate", json={"reason": "undo"})
-        assert not_done.status_code == 409 and not_done.json()["current_status"] == "indeterminate"
-        no_hook = await acme.post(
-            f"/v1/tool-executions/{handle.id}:call_1_0/compensate", json={"reason": "undo"}
-        )
-        assert no_hook.status_code == 422
-        assert no_hook.json()["type"] == "urn:onceflow:problem:no-compensation"
-        no_reason = await acme.post(
-            f"/v1/tool-executions/{handle.id}:call_1_0/compensate", json={"reason": ""}
-        )
-        assert no_reason.status_code == 400
-    assert DOWNSTREAM.voids == {}
-
-
-async def test_a_compensation_that_times_out_is_itself_unknown_until_an_operator_settles_it(
-    operator_api: OperatorApi,
-) -> None:
-    key = await _completed_undoable(operator_api)
-    account = (await operator_api.ledger.get(key)).payload["arguments"]["account_id"]
-    DOWNSTREAM.modes[account] = "hang_void"
-    async with await operator_api.as_operator(operator="alice") as alice:
-        started = (
-            await alice.post(f"/v1/tool-executions/{key}/compensate", json={"reason": "refund"})
-        ).json()
-        compensation_key = started["compensation_key"]
-
-        async def unknown() -> bool:
-            record = await operator_api.ledger.find(compensation_key)
-            return record is not None and record.status is Status.INDETERMINATE
-
-        for _ in range(100):
-            if await unknown():
-                break
-            await asyncio.sleep(0.1)
-        assert await unknown()
-        assert (await operator_api.ledger.get(key)).status is Status.COMPLETED
-        listed = await alice.get("/v1/tool-executions")
-        assert compensation_key in [i["key"] for i in listed.json()["items"]]
-
-        resolved = await alice.post(
-            f"/v1/tool-executions/{compensation_key}/resolve",
-            json={"status": "completed", "reason": "void visible in billing console"},
-        )
-        assert resolved.status_code == 200 and resolved.json()["run_signalled"] is True
-    handle = operator_api.runs.client.get_workflow_handle(started["workflow_id"])
-    outcome = await asyncio.wait_for(handle.result(), 20)
-    assert (outcome["status"], outcome["original_status"]) == ("completed", "compensated")
-    assert (await operator_api.ledger.get(key)).status is Status.COMPENSATED
-    assert DOWNSTREAM.voids == {compensation_key: 1}
-
-
 async def test_timeouts_are_measured_against_a_real_clock(operator_api: OperatorApi) -> None:
     # Guard for the lease arithmetic the list relies on: a started call with a live owner is hidden.
     call = CallIdentity(tenant="acme", run_id=f"run-{uuid.uuid4().hex[:8]}", tool_call_id="call_1_0")
@@ -473,20 +298,3 @@ async def test_timeouts_are_measured_against_a_real_clock(operator_api: Operator
             f"/v1/tool-executions/{call.key}/resolve", json={"status": "failed", "reason": "x"}
         )
         assert busy.status_code == 409 and busy.json()["current_status"] == "started"
-
-
-async def test_an_approval_that_lands_before_the_run_starts_waiting_is_not_lost(
-    operator_api: OperatorApi,
-) -> None:
-    # Approve the moment the row exists: the signal often reaches the run before it waits.
-    async with await operator_api.as_operator() as acme:
-        for _ in range(5):
-            payload, _ = order()
-            handle = await operator_api.runs.start("credit-approval", payload)
-            key = f"{handle.id}:call_1_0"
-            while (await operator_api.ledger.find(key)) is None:
-                await asyncio.sleep(0.005)
-            assert (await acme.post(f"/v1/tool-executions/{key}/approve", json={})).status_code == 200
-            result = await asyncio.wait_for(handle.result(), 20)  # the deadline is a day away
-            assert result.calls[-1].status == "completed"
-            assert DOWNSTREAM.received[key] == DOWNSTREAM.effects[key] == 1

@@ -12,8 +12,7 @@ from onceflow.runtime.constants import CONFLICT_KEYS
 from onceflow.sdk.payloads import ConflictSignal
 from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.history import resolve_signals
-from tests.support.operator_api import OperatorApi
-from tests.test_operator_api import ARGUMENTS, unknown_call
+from tests.support.operator_api import ARGUMENTS, OperatorApi, unknown_call
 from tests.test_run_conflicts_and_provenance import open_run_with_a_decided_call
 
 

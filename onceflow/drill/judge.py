@@ -3,7 +3,7 @@ received and applied.
 
 `check_run` flags a problem per invariant it finds broken (the list is in report.py's docstring);
 the invariants it alone decides are CHECKED_BY_RECORDS. Pure: it reads only what it is given, so a
-test can hand it rows and counts (tests/test_drill.py). report.py gathers the inputs, adds the
+test can hand it rows and counts (tests/test_drill_checks.py). report.py gathers the inputs, adds the
 checks that look across runs, and renders the verdict.
 """
 

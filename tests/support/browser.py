@@ -1,11 +1,15 @@
-"""Browser helpers for the console's tests (tests/test_console.py): screenshots, sign-in, labels."""
+"""Browser helpers for the console's tests (tests/test_console.py, tests/test_console_actions.py): the
+system chromium, launched once per module, screenshots, sign-in, labels."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
-from playwright.async_api import Browser, Page, ViewportSize, expect
+import pytest
+from playwright.async_api import Browser, Page, ViewportSize, async_playwright, expect
 
 from tests.support.operator_api import OperatorApi
 
@@ -45,3 +49,30 @@ async def every_control_is_labelled(page: Page) -> None:
     assert unlabelled == []
     for role in ("banner", "main", "contentinfo"):
         await expect(page.get_by_role(role)).to_have_count(1)
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+    """pytest-playwright's launch options, pointed at the system chromium (never `playwright install`)."""
+    return {
+        **browser_type_launch_args,
+        "executable_path": str(CHROMIUM),
+        "args": [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+async def chromium_browser(browser_type_launch_args: dict[str, Any]) -> AsyncIterator[Browser]:
+    # The async API: the operator API serves from this test's event loop, which a sync browser
+    # would block.
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(**browser_type_launch_args)
+        yield launched
+        await launched.close()

@@ -127,7 +127,7 @@ async def issue_credit_approved(account_id: str, amount_cents: int, context: Too
     return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
 
 
-# -- guarded tools (tests/test_guarded_runs.py) -------------------------------------------------------
+# -- guarded tools (tests/test_guarded_runs*.py) ------------------------------------------------------
 # No reconcile hooks: an unknown call stays unknown until the test settles it.
 
 

@@ -1,9 +1,11 @@
 """The operator API served for real (uvicorn on a loopback port) over the session's Temporal, a
-fresh ledger and an in-process worker, so that HTTP clients, the CLI and fuzzers can all reach it."""
+fresh ledger and an in-process worker, so that HTTP clients, the CLI and fuzzers can all reach it;
+and what its tests give an operator to act on: an unknown call, an order for a run."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,10 +16,12 @@ import uvicorn
 from temporalio.client import Client
 
 from onceflow.api.app import create_app
-from onceflow.ledger import Ledger, OperatorTokens
+from onceflow.ledger import CallIdentity, Ledger, OperatorTokens, SideEffect
 from onceflow.runtime.agents import AgentRegistry
 from tests.support.processes import free_port
 from tests.workflow_harness import Harness, running_worker
+
+ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500}
 
 
 @dataclass
@@ -57,3 +61,18 @@ async def serving_api(client: Client, ledger: Ledger, registry: AgentRegistry) -
         finally:
             server.should_exit = True
             await task
+
+
+async def unknown_call(ledger: Ledger, tenant: str = "acme", tool: str = "issue_credit") -> str:
+    """An indeterminate call put straight into the ledger (no run waits on it)."""
+    call = CallIdentity(tenant=tenant, run_id=f"run-{uuid.uuid4().hex[:8]}", tool_call_id="call_1_0")
+    await ledger.reserve(
+        call, tool_name=tool, side_effect=SideEffect.EXTERNAL, arguments=ARGUMENTS, owner="worker-1"
+    )
+    await ledger.mark_indeterminate(call.key, actor="inspector", reason="timed out")
+    return call.key
+
+
+def order(order_id: str | None = None) -> tuple[str, str]:
+    order_id = order_id or f"o{uuid.uuid4().hex[:8]}"
+    return json.dumps({"order_id": order_id}), f"acct_{order_id}"

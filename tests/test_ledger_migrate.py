@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import shutil
 import sys
@@ -210,3 +211,52 @@ def test_a_server_older_than_the_ledger_needs_is_refused_by_name() -> None:
     assert "PostgreSQL 15 or later; this server is 14.12. Nothing was changed." in str(refused.value)
     check_server((15, 0))
     check_server((18, 6))
+
+
+HASHED_COLUMNS = [
+    ("tool_executions", "payload_sha256"),
+    ("conversation_messages", "sha256"),
+    ("operator_tokens", "token_sha256"),
+]
+NOT_A_SHA256 = [
+    "",
+    "a" * 63,
+    "a" * 65,
+    "A" * 64,  # upper case: the ledger writes hexdigest(), lower case
+    "a" * 63 + "g",
+    "a" * 63 + " ",
+    "a" * 64 + "\n",
+    "é" * 64,  # 64 characters, not 64 hex digits
+    "a" * 62 + "é",
+]
+
+
+@pytest.mark.parametrize(("table", "column"), HASHED_COLUMNS)
+async def test_a_hash_column_takes_64_lower_case_hex_digits_and_nothing_else(
+    database_url: str, table: str, column: str
+) -> None:
+    """The column's one CHECK (migration 0020's, without a regex), tried on a copy of the column."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        definitions = await conn.fetch(
+            """
+            SELECT pg_get_constraintdef(c.oid) AS definition
+              FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid
+             WHERE c.conrelid = $1::regclass AND c.contype = 'c' AND a.attnum = ANY (c.conkey)
+               AND a.attname = $2
+            """,
+            table,
+            column,
+        )
+        assert len(definitions) == 1, definitions
+        async with conn.transaction():
+            await conn.execute(f"CREATE TEMP TABLE probe ({column} text, {definitions[0]['definition']})")
+            await conn.execute("INSERT INTO probe VALUES ($1)", hashlib.sha256(b"call").hexdigest())
+            for value in NOT_A_SHA256:
+                with pytest.raises(asyncpg.CheckViolationError):
+                    async with conn.transaction():
+                        await conn.execute("INSERT INTO probe VALUES ($1)", value)
+            assert await conn.fetchval("SELECT count(*) FROM probe") == 1
+            await conn.execute("DROP TABLE probe")
+    finally:
+        await conn.close()

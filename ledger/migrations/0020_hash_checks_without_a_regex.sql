@@ -7,8 +7,9 @@
 -- with two plain string functions: 64 characters, and none left once the hex digits are trimmed
 -- away. conversation_messages (a row per message a run stores) and operator tokens get the same.
 --
--- Each table's new check is added, which reads its rows once under the migration's lock (a cheap
--- check: well under a second per million rows), before the old one goes, in this one transaction.
+-- Each table's new check is added, which reads its rows once while writes to it wait (about 4 s
+-- for a million calls of 700 bytes here; adding the regex took 14 s), before the old one goes, in
+-- this one transaction.
 
 ALTER TABLE tool_executions
     ADD CONSTRAINT payload_sha256_is_hex

@@ -4,7 +4,11 @@ Three variants through `Ledger.reserve` then `Ledger.complete`, in short rounds.
 all three, in an order that turns by one each round, and each variant's ratio is taken against the
 `none` of its own round: the printed `(R of none)` is the median of those per-round ratios, with
 their range, so that a machine whose speed drifts from one second to the next (a shared VM) moves
-the rates more than the ratios. The rate printed is the median over rounds.
+the rates more than the ratios. The rate printed is the median over rounds. `+N µs a cycle` is
+what the guard adds in absolute terms: per round, the variant's time per cycle less `none`'s
+(1/rate each: wall time per cycle at c=1, the machine's time per cycle when it is saturated), the
+median over rounds. Unlike the ratio, it does not move when the unguarded cycle gets cheaper or
+dearer, as it does with the disk's commit latency.
 - none:   `guard=None`, the one-statement reservation (what compensations use);
 - intent: the default guard every write tool gets (intent `hold`): a transaction with one advisory
           lock and a look for the same payload in the run;
@@ -77,6 +81,7 @@ async def measure(dsn: str, args: argparse.Namespace) -> None:
                 await cycles(ledger, variant, 0.2, concurrency)
             rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
             ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            added: dict[str, list[float]] = {v: [] for v in VARIANTS}
             for round_ in range(args.rounds):
                 turn = round_ % len(VARIANTS)
                 this_round = {
@@ -86,6 +91,7 @@ async def measure(dsn: str, args: argparse.Namespace) -> None:
                 for variant, rate in this_round.items():
                     rates[variant].append(rate)
                     ratios[variant].append(rate / this_round["none"])
+                    added[variant].append(1e6 / rate - 1e6 / this_round["none"])
             for variant in VARIANTS:
                 spread = ratios[variant]
                 print(
@@ -93,6 +99,7 @@ async def measure(dsn: str, args: argparse.Namespace) -> None:
                     f"  ({statistics.median(spread):4.2f} of none)"
                     + (
                         f"  [{min(spread):.2f} to {max(spread):.2f} over {len(spread)} rounds]"
+                        f"  +{statistics.median(added[variant]):.0f} µs a cycle"
                         if variant != "none"
                         else ""
                     )

@@ -170,9 +170,14 @@ async def test_the_same_write_under_a_new_call_id_is_held_then_reuses_the_result
     records = {key: await ledger.get(key, with_events=False) for key in keys}
     unknown = next(k for k, r in records.items() if r.status is Status.INDETERMINATE)
     held = next(k for k, r in records.items() if r.status is Status.HELD)
-    attributes = (await handle.describe()).typed_search_attributes
-    assert attributes.get(HELD_KEYS) == [held]
-    assert unknown in (attributes.get(UNRESOLVED_KEYS) or [])
+
+    async def both_listed() -> bool:
+        # The run lists them once its workflow task after each ledger write has run: later than the
+        # ledger shows them.
+        attributes = (await handle.describe()).typed_search_attributes
+        return attributes.get(HELD_KEYS) == [held] and unknown in (attributes.get(UNRESOLVED_KEYS) or [])
+
+    await eventually(both_listed, "the run's search attributes listing the held call and the unknown one")
     settled = await handle.execute_update(
         "resolve",
         ResolveSignal(key=unknown, status="completed", reason="found in billing", actor="alice"),

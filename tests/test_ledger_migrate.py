@@ -15,7 +15,17 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from onceflow.ledger import UNRESOLVED, FailureKind, SideEffect, Status, migrate
+from onceflow.ledger import (
+    UNRESOLVED,
+    CallIdentity,
+    EventSource,
+    FailureKind,
+    Guard,
+    Ledger,
+    SideEffect,
+    Status,
+    migrate,
+)
 from onceflow.ledger.migrate import MIGRATIONS_DIR, UnsupportedServerError, check_server, discover
 from onceflow.local.postgres import create_database, drop_database
 
@@ -166,31 +176,71 @@ def test_default_migrations_directory_is_the_packaged_one() -> None:
 # -- the schema mirrors the enums ----------------------------------------------------------------------
 
 
-async def check_values(dsn: str, column: str) -> set[str]:
-    """The literals a column's CHECK constraint on tool_executions allows."""
+# A column's own rule is either the table's CHECK on that column alone or, since migration 0021
+# (every such rule but `status`'s), the CHECK of the column's type, a domain: read and prepared
+# once per connection rather than in every statement that writes the table.
+COLUMN_RULES = """
+SELECT format_type(a.atttypid, NULL) AS type,
+       array(SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+              WHERE c.contype = 'c'
+                AND (c.contypid = a.atttypid
+                     OR (c.conrelid = a.attrelid AND c.conkey = ARRAY[a.attnum]))) AS rules
+  FROM pg_attribute a
+ WHERE a.attrelid = $1::regclass AND a.attname = $2
+"""
+
+
+async def column_rule(dsn: str, table: str, column: str) -> tuple[str, str]:
+    """The column's type and its one rule of its own."""
     conn = await asyncpg.connect(dsn)
     try:
-        definitions = await conn.fetch(
-            "SELECT pg_get_constraintdef(c.oid) AS definition FROM pg_constraint c"
-            " JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey)"
-            " WHERE c.conrelid = 'tool_executions'::regclass AND c.contype = 'c' AND a.attname = $1"
-            " AND cardinality(c.conkey) = 1",
-            column,
-        )
+        row = await conn.fetchrow(COLUMN_RULES, table, column)
     finally:
         await conn.close()
-    assert len(definitions) == 1, definitions
-    return set(re.findall(r"'([^']*)'::text", definitions[0]["definition"]))
+    assert row is not None, (table, column)
+    assert len(row["rules"]) == 1, (table, column, row)
+    return row["type"], row["rules"][0]
 
 
 @pytest.mark.parametrize(
-    ("column", "enum"),
-    [("status", Status), ("side_effect", SideEffect), ("failure_kind", FailureKind)],
+    ("table", "column", "enum"),
+    [
+        ("tool_executions", "status", Status),
+        ("tool_executions", "side_effect", SideEffect),
+        ("tool_executions", "failure_kind", FailureKind),
+        ("tool_execution_events", "source", EventSource),
+    ],
 )
-async def test_check_constraint_matches_the_enum_exactly(
-    database_url: str, column: str, enum: type[StrEnum]
+async def test_allowed_values_match_the_enum_exactly(
+    database_url: str, table: str, column: str, enum: type[StrEnum]
 ) -> None:
-    assert await check_values(database_url, column) == {member.value for member in enum}
+    _, rule = await column_rule(database_url, table, column)
+    assert set(re.findall(r"'([^']*)'::text", rule)) == {member.value for member in enum}
+
+
+async def test_a_value_outside_the_list_is_refused_and_changes_nothing(database_url: str) -> None:
+    """On an insert, and on an update that sets the column (a domain checks what is assigned)."""
+    run_id = f"r{uuid.uuid4().hex[:8]}"
+    insert = (
+        "INSERT INTO tool_executions (key, tenant, run_id, tool_call_id, agent, tool_name,"
+        " side_effect, status, payload, payload_sha256, owner)"
+        " VALUES ($1 || ':' || $2, 't', $1, $2, 'a', 'x', $3, 'started', '{}', $4, 'o')"
+    )
+    sha = hashlib.sha256(b"call").hexdigest()
+    conn = await asyncpg.connect(database_url)
+    try:
+        with pytest.raises(asyncpg.CheckViolationError, match="onceflow_side_effect_known"):
+            await conn.execute(insert, run_id, "c1", "writes", sha)
+        assert await conn.fetchval("SELECT count(*) FROM tool_executions WHERE run_id = $1", run_id) == 0
+        await conn.execute(insert, run_id, "c2", "write", sha)
+        with pytest.raises(asyncpg.CheckViolationError, match="onceflow_side_effect_known"):
+            await conn.execute("UPDATE tool_executions SET side_effect = 'writes' WHERE run_id = $1", run_id)
+        assert (
+            await conn.fetchval("SELECT side_effect FROM tool_executions WHERE run_id = $1", run_id)
+            == "write"
+        )
+    finally:
+        await conn.close()
 
 
 async def test_unresolved_index_covers_exactly_the_unresolved_statuses(database_url: str) -> None:
@@ -235,22 +285,13 @@ NOT_A_SHA256 = [
 async def test_a_hash_column_takes_64_lower_case_hex_digits_and_nothing_else(
     database_url: str, table: str, column: str
 ) -> None:
-    """The column's one CHECK (migration 0020's, without a regex), tried on a copy of the column."""
+    """The column's one rule (0020's, without a regex; its domain's since 0021), tried on a column
+    of the same type."""
+    column_type, _ = await column_rule(database_url, table, column)
     conn = await asyncpg.connect(database_url)
     try:
-        definitions = await conn.fetch(
-            """
-            SELECT pg_get_constraintdef(c.oid) AS definition
-              FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid
-             WHERE c.conrelid = $1::regclass AND c.contype = 'c' AND a.attnum = ANY (c.conkey)
-               AND a.attname = $2
-            """,
-            table,
-            column,
-        )
-        assert len(definitions) == 1, definitions
         async with conn.transaction():
-            await conn.execute(f"CREATE TEMP TABLE probe ({column} text, {definitions[0]['definition']})")
+            await conn.execute(f"CREATE TEMP TABLE probe (value {column_type})")
             await conn.execute("INSERT INTO probe VALUES ($1)", hashlib.sha256(b"call").hexdigest())
             for value in NOT_A_SHA256:
                 with pytest.raises(asyncpg.CheckViolationError):
@@ -258,5 +299,55 @@ async def test_a_hash_column_takes_64_lower_case_hex_digits_and_nothing_else(
                         await conn.execute("INSERT INTO probe VALUES ($1)", value)
             assert await conn.fetchval("SELECT count(*) FROM probe") == 1
             await conn.execute("DROP TABLE probe")
+    finally:
+        await conn.close()
+
+
+async def test_0021_moves_the_rules_to_domains_without_rewriting_and_its_rows_validate(
+    empty_database: str, tmp_path: Path
+) -> None:
+    """On a ledger with calls and events, 0021 rebuilds no table or index, the rules hold after it,
+    and the `VALIDATE` docs/operations.md offers finds the existing rows valid."""
+    for migration in discover()[:20]:
+        shutil.copy(migration.path, tmp_path)
+    assert await migrate(empty_database, directory=tmp_path) == 20
+    ledger = await Ledger.connect(empty_database)
+    try:
+        for n in range(3):
+            reserved = await ledger.reserve(
+                CallIdentity(tenant="t", run_id="run-0021", tool_call_id=f"c{n}"),
+                tool_name="issue_credit",
+                side_effect=SideEffect.EXTERNAL,
+                arguments={"n": n},
+                owner="worker",
+                guard=Guard(),
+            )
+            await ledger.complete(reserved.record.key, owner="worker", result={"n": n})
+    finally:
+        await ledger.close()
+    conn = await asyncpg.connect(empty_database)
+    try:
+        files = "SELECT relname, relfilenode FROM pg_class WHERE relkind IN ('r', 'i') ORDER BY relname"
+        before = await conn.fetch(files)
+        assert await migrate(conn) == LATEST
+        assert await conn.fetch(files) == before
+        assert (
+            await conn.fetchval("SELECT count(*) FROM tool_execution_events WHERE key LIKE 'run-0021:%'") == 6
+        )
+        domains = {
+            "onceflow_side_effect": "onceflow_side_effect_known",
+            "onceflow_failure_kind": "onceflow_failure_kind_known",
+            "onceflow_event_source": "onceflow_event_source_known",
+            "onceflow_sha256": "onceflow_sha256_is_hex",
+        }
+        unvalidated = await conn.fetch("SELECT conname FROM pg_constraint WHERE NOT convalidated")
+        assert sorted(row["conname"] for row in unvalidated) == sorted(domains.values())
+        for domain, constraint in domains.items():
+            await conn.execute(f"ALTER DOMAIN {domain} VALIDATE CONSTRAINT {constraint}")
+        assert await conn.fetchval("SELECT count(*) FROM pg_constraint WHERE NOT convalidated") == 0
+        with pytest.raises(asyncpg.CheckViolationError, match="onceflow_event_source_known"):
+            await conn.execute(
+                "INSERT INTO tool_execution_events (key, actor, kind, source) VALUES ('run-0021:c0', 'x', 'note', 'nobody')"
+            )
     finally:
         await conn.close()

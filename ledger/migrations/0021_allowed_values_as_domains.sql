@@ -13,17 +13,17 @@
 -- RETURN QUERY as a text column, which must then be text exactly, and four partial indexes name
 -- it. Moving it too means restating that function; it is left for a change of its own.
 --
--- The columns move without rewriting or reading anything, so writes wait only an instant: a
--- column changed to a domain that already has a CHECK would be rewritten with all its indexes, so
--- each domain is made bare, the tables' old CHECKs go, the columns move to the domains (the same
--- text underneath; no index names these columns in a predicate or an expression, so none is built
--- again), then each domain gets its CHECK as NOT VALID (PostgreSQL checks every value written from now on, but does not read the rows
--- already there). The rows already there need no reading: until this transaction the old CHECKs
--- held every one of them to the same rule, and no write comes between them and the new ones.
--- On a ledger of a million calls with two events each this migration took 0.01 s; validating
--- would read each table once per domain while writes wait, 3.5 s (docs/benchmarks.md, "Issue 22,
--- ninth pass"). docs/operations.md says how to mark the constraints validated later, if wanted:
--- it changes nothing else.
+-- The columns move without rewriting or reading anything, so writes wait only an instant: a column
+-- changed to a domain that already has a CHECK would be rewritten with all its indexes, so each
+-- domain is made bare, the tables' old CHECKs go, the columns move to the domains (the same text
+-- underneath; no index names these columns in a predicate or an expression, so none is built
+-- again), then each domain gets its CHECK as NOT VALID (PostgreSQL checks every value written from
+-- now on, but does not read the rows already there). The rows already there need no reading: until
+-- this transaction the old CHECKs held every one of them to the same rule, and no write comes
+-- between them and the new ones. On a ledger of a million calls with two events each this migration
+-- took 0.01 s; validating would read each table once per domain while writes wait, 3.5 s
+-- (docs/benchmarks.md, "Issue 22, ninth pass"). docs/operations.md says how to mark the constraints
+-- validated later, if wanted: it changes nothing else.
 
 CREATE DOMAIN onceflow_side_effect AS text;
 CREATE DOMAIN onceflow_failure_kind AS text;

@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/waiting.py
 	$(BIN)/python bench/queue_at_scale.py
 	$(BIN)/python bench/backlog.py
+	$(BIN)/python bench/client_exit.py
 
 RUNS ?= 200
 drill: $(STAMP)

@@ -205,7 +205,7 @@ async def test_rolling_restart_with_sigterm_finishes_in_flight_writes_and_create
     for step in replaced:
         # It waited for its calls rather than dropping them, finished them itself, and left cleanly.
         assert step.alive_after_signal
-        assert step.exit_code == 0
+        assert step.exit_code == 0, fleet.processes.logs_text()
         for key in step.keys:
             record = await fleet.ledger.get(key)
             assert record.status is Status.COMPLETED

@@ -6,7 +6,6 @@ onceflow/cli/stack.py, operator tokens onceflow/cli/tokens.py, `executions` and 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +18,7 @@ from onceflow.cli.stack import DataDir, demo, dev, use_stack_environment
 from onceflow.cli.tokens import tokens_app
 from onceflow.mcp.inspect import mcp_app
 from onceflow.runtime.config import Settings
+from onceflow.runtime.process_exit import exit_after_cleanup
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agent tool calls that take effect once.")
 run_app = typer.Typer(no_args_is_help=True, help="Start and inspect agent runs.")
@@ -27,18 +27,6 @@ app.add_typer(tokens_app, name="tokens")
 app.add_typer(executions_app, name="executions")
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(mcp_app, name="mcp")
-
-
-def _exit_now(code: int) -> None:
-    """Leave without interpreter finalization.
-
-    Temporal's client runtime keeps native threads that can call into Python while the interpreter
-    shuts down ("PyGILState_Release ... finalizing", SIGABRT) after the work is already done. Short
-    CLI commands flush their output and leave directly.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 # The stack's commands live in onceflow/cli/stack.py, the tokens group in onceflow/cli/tokens.py;
@@ -79,7 +67,7 @@ def run_start(
             typer.echo(result.final)
 
     asyncio.run(main())
-    _exit_now(0)
+    exit_after_cleanup(0)
 
 
 @app.command()
@@ -194,7 +182,7 @@ def drill(
         sabotage=sabotage_resend_after_timeout,
         sabotage_intent=sabotage_intent,
     )
-    _exit_now(run_from_cli(config))
+    exit_after_cleanup(run_from_cli(config))
 
 
 def main() -> None:

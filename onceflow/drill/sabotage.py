@@ -23,6 +23,7 @@ from onceflow.activities import all_activities, default_identity
 from onceflow.activities.tools import ToolActivities
 from onceflow.runtime.client import connect
 from onceflow.runtime.config import Settings
+from onceflow.runtime.process_exit import exit_after_cleanup
 from onceflow.runtime.worker import open_agents_and_ledger
 from onceflow.sdk.payloads import OwnerOutcome
 from onceflow.sdk.tools import Tool, ToolContext
@@ -79,6 +80,7 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     asyncio.run(serve(Settings.from_env()))
+    exit_after_cleanup(0)  # as worker.py does: no teardown for the SDK's native threads to crash
 
 
 if __name__ == "__main__":

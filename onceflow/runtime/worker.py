@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import functools
 import logging
 import signal
@@ -25,6 +26,7 @@ from onceflow.runtime.client import connect, ensure_search_attributes
 from onceflow.runtime.config import Settings
 from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
 from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
+from onceflow.runtime.process_exit import exit_after_cleanup
 from onceflow.runtime.shutdown import ShutdownGraceError, shutdown_grace
 from onceflow.workflows import ALL_WORKFLOWS
 
@@ -225,10 +227,15 @@ def _stop_on_signals() -> asyncio.Event:
 
 
 def main() -> None:
+    # A crash in native code (the Temporal core, a database driver) then says where it happened.
+    faulthandler.enable()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     asyncio.run(run_worker(Settings.from_env()))
+    # Stopped cleanly, every outcome recorded: end without the interpreter's teardown, where the
+    # Temporal SDK's native threads can still crash the process (onceflow/runtime/process_exit.py).
+    exit_after_cleanup(0)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from onceflow.runtime.process_exit import exit_after_cleanup
+
 DataDir = Annotated[Path, typer.Option(help="Where the dev stack keeps its state.")]
 TemporalPort = Annotated[int, typer.Option(help="Temporal gRPC port.")]
 UiPort = Annotated[int, typer.Option(help="Temporal Web UI port.")]
@@ -81,6 +83,7 @@ def dev(
         typer.echo("stopped")
 
     asyncio.run(serve())
+    exit_after_cleanup(0)  # the Temporal client's native threads must not crash the exit
 
 
 def demo(
@@ -118,5 +121,5 @@ def demo(
                 typer.echo("(the stack stopped with the demo; `onceflow dev` keeps it up to browse the runs)")
         return passed == len(results)
 
-    if not asyncio.run(main()):
-        raise typer.Exit(1)
+    passed = asyncio.run(main())
+    exit_after_cleanup(0 if passed else 1)  # the Temporal client's native threads must not crash the exit

@@ -9,6 +9,10 @@ Seen here: a worker stopped by SIGTERM died of SIGSEGV in a CI run (a tokio thre
 Python object, per the kernel log), and a short client script that starts, describes and terminates
 a workflow aborted in 13 of 190 exits (bench/client_exit.py; none of 220 with this function).
 
+Every onceflow process that holds a Temporal client ends through it: `python worker.py` and
+`onceflow worker`, `onceflow dev`, `onceflow demo`, `onceflow run start` and `onceflow drill`. (The
+operator API needs it not: uvicorn re-raises the SIGTERM it caught, and the signal ends it first.)
+
 `exit_after_cleanup` does what a normal exit does that anyone can observe, in the interpreter's
 own order (Py_FinalizeEx): it waits for non-daemon threads, runs the atexit handlers (the
 OpenTelemetry providers flush their spans and metrics there, and so does anything a tool

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import uuid
 from datetime import timedelta
 from decimal import Decimal
@@ -21,6 +20,7 @@ from onceflow.ledger.migrate import discover
 from onceflow.local.postgres import create_database, drop_database
 from tests.support.budget_history import CURRENCIES, ENTITIES, TENANTS, TOOLS, TOOLSETS, Call, Driver
 from tests.support.ledger_invariants import age_everything
+from tests.support.migrations import migrations_before, version_of
 
 # Migration 0010's body, word for word: the sum over every row, and what purges folded away.
 OLD_BUDGET_USED = """
@@ -228,16 +228,11 @@ async def test_the_migration_back_fills_a_ledger_with_history(
     """A ledger with live, settled, conflicted and purged budget calls, migrated (from before the
     totals, migration 0013, or from 0013's two columns, by 0014): the function answers as the one it
     replaces did, on the same rows."""
-    earlier = tmp_path / "migrations"
-    earlier.mkdir()
-    totals = next(m.version for m in discover() if m.path.name.endswith(f"_{upgrade}.sql"))
-    for migration in discover():
-        if migration.version < totals:
-            shutil.copy(migration.path, earlier / migration.path.name)
+    totals = version_of(upgrade)
     name = f"onceflow_test_{uuid.uuid4().hex[:12]}"
     dsn = await create_database(postgres_dsn, name)
     try:
-        assert await migrate(dsn, directory=earlier) == totals - 1
+        assert await migrate(dsn, directory=migrations_before(upgrade, tmp_path / "migrations")) == totals - 1
         store = await Ledger.connect(dsn, max_size=4)
         try:
             driver = Driver(store, dsn, random.Random(7))

@@ -42,14 +42,14 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run(how: str) -> subprocess.CompletedProcess[str]:
+def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT, how], capture_output=True, text=True, timeout=30, check=False
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=30, check=False
     )
 
 
 def test_exit_after_cleanup_keeps_what_a_normal_exit_does() -> None:
-    ended = run("exit_after_cleanup")
+    ended = run(SCRIPT, "exit_after_cleanup")
 
     assert ended.returncode == 3
     assert ended.stdout == "buffered, no newline"
@@ -58,11 +58,11 @@ def test_exit_after_cleanup_keeps_what_a_normal_exit_does() -> None:
 
 
 def test_exit_after_cleanup_skips_the_teardown_a_normal_exit_runs() -> None:
-    normal = run("normal")
+    normal = run(SCRIPT, "normal")
     assert normal.returncode == 3
     assert normal.stderr.splitlines() == ["thread finished", "atexit ran", "teardown ran"]
 
-    ended = run("exit_after_cleanup")
+    ended = run(SCRIPT, "exit_after_cleanup")
     assert "teardown ran" not in ended.stderr
 
 
@@ -85,8 +85,6 @@ SPAN_SCRIPT = textwrap.dedent(
 
 
 def test_a_span_ended_just_before_the_exit_still_reaches_its_exporter() -> None:
-    ended = subprocess.run(
-        [sys.executable, "-c", SPAN_SCRIPT], capture_output=True, text=True, timeout=30, check=False
-    )
+    ended = run(SPAN_SCRIPT)
     assert ended.returncode == 0, ended.stderr
     assert '"name": "last call before exit"' in ended.stdout

@@ -23,7 +23,7 @@ from onceflow.activities import all_activities, default_identity
 from onceflow.ledger import Ledger, LedgerError, migrate
 from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_models, load_agents
 from onceflow.runtime.client import connect, ensure_search_attributes
-from onceflow.runtime.config import Settings
+from onceflow.runtime.config import Settings, default_max_cached_workflows
 from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
 from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
 from onceflow.runtime.process_exit import exit_after_cleanup
@@ -79,10 +79,10 @@ def build_worker(
 
 def max_cached_workflows(text: str) -> int | None:
     """ONCEFLOW_MAX_CACHED_WORKFLOWS: a whole number of runs (0: keep none, replay every task);
-    empty for the SDK's default."""
+    empty for onceflow's default, sized from the machine (runtime/config.py)."""
     text = text.strip()
     if not text:
-        return None
+        return default_max_cached_workflows()
     try:
         value = int(text)
     except ValueError:

@@ -7,6 +7,7 @@ Beside it: tool_io.py (the model's arguments checked, what the model is told bac
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from temporalio import activity
@@ -14,10 +15,11 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
 from onceflow.activities.budget_limits import BudgetLimitUnavailableError, budget_limit
-from onceflow.activities.outcomes import outcome_from_record, owner_token
+from onceflow.activities.outcomes import attempt_deadline, outcome_from_record, owner_token
 from onceflow.activities.sending import record_outcome, send_once, unkeepable_result
 from onceflow.activities.tool_io import checked_arguments, oversized, refused, split_arguments, tool_context
 from onceflow.ledger import (
+    AttemptExpiredError,
     CallIdentity,
     FailureKind,
     GuardArgumentError,
@@ -28,10 +30,12 @@ from onceflow.ledger import (
     TenantMismatchError,
     ToolExecutionRecord,
 )
+from onceflow.ledger.records import Reservation, ReserveResult
 from onceflow.ledger.run_ids import RunIdTakenError
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.constants import (
     ACTIVITY_MARGIN,
+    ERR_ATTEMPT_EXPIRED,
     ERR_BUDGET_LIMIT_UNAVAILABLE,
     ERR_INVALID_RUN_ID,
     ERR_LEDGER_UNAVAILABLE,
@@ -53,6 +57,16 @@ from onceflow.sdk.tools import (
 )
 
 _CLAIMS_REMEMBERED = 10_000
+
+
+def _lost_reservation(reservation: ReserveResult, unsent_owners: list[str]) -> bool:
+    """Is this the reservation of an earlier attempt whose answer was lost (it never sent)?"""
+    record = reservation.record
+    return (
+        reservation.outcome is Reservation.IN_FLIGHT
+        and record.status is Status.STARTED
+        and record.owner in unsent_owners
+    )
 
 
 class ToolActivities:
@@ -146,26 +160,44 @@ class ToolActivities:
         identity = CallIdentity(
             tenant=tool_input.tenant, run_id=tool_input.run_id, tool_call_id=call.id, agent=tool_input.agent
         )
+        reserve = functools.partial(
+            self.ledger.reserve,
+            identity,
+            tool_name=tool.name,
+            side_effect=tool.side_effect,
+            arguments=arguments,
+            owner=owner,
+            approval=tool.effect.approval,
+            # Past this the owner is gone: the activity's own deadline has passed too.
+            lease=tool.effect.timeout + ACTIVITY_MARGIN,
+            guard=guard,
+            execution=execution,
+            not_after=attempt_deadline(),
+        )
         try:
-            reservation = await self.ledger.reserve(
-                identity,
-                tool_name=tool.name,
-                side_effect=tool.side_effect,
-                arguments=arguments,
-                owner=owner,
-                approval=tool.effect.approval,
-                # Past this the owner is gone: the activity's own deadline has passed too.
-                lease=tool.effect.timeout + ACTIVITY_MARGIN,
-                guard=guard,
-                execution=execution,
-            )
+            reservation = await reserve()
+            if _lost_reservation(reservation, tool_input.unsent_owners):
+                # An earlier attempt's reservation committed and its answer was lost; that attempt
+                # sent nothing. Release it as not attempted, and reserve afresh.
+                assert reservation.record.owner is not None
+                await self.ledger.fail(
+                    key,
+                    owner=reservation.record.owner,
+                    kind=FailureKind.NOT_ATTEMPTED,
+                    error="its reservation committed but the answer was lost; nothing was sent",
+                )
+                reservation = await reserve()
         except GuardArgumentError as exc:
             return refused(call, exc)
         except RunIdTakenError as exc:
             raise ApplicationError(str(exc), type=ERR_RUN_ID_TAKEN, non_retryable=True) from exc
+        except AttemptExpiredError as exc:
+            raise ApplicationError(str(exc), type=ERR_ATTEMPT_EXPIRED, non_retryable=True) from exc
         except LedgerUnavailableError as exc:
+            # Perhaps the reservation committed and only its answer was lost: the next attempt
+            # recognises it by this attempt's owner token.
             raise ApplicationError(
-                f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
+                f"not sent: {exc}", {"owner": owner}, type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
             ) from exc
         except PayloadMismatchError as exc:
             raise ApplicationError(str(exc), type=ERR_PAYLOAD_MISMATCH, non_retryable=True) from exc

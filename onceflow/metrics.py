@@ -170,7 +170,10 @@ def _observe(field: str, *, conflicts: bool) -> Any:
         for figure in _queue_source():
             if (figure.status == "conflict") != conflicts:
                 continue
-            attributes = {"tenant": figure.tenant, "tool": figure.tool}
+            # No tenant at all when the API is told to name none (ONCEFLOW_METRICS_TENANT_LABEL).
+            attributes = (
+                {"tenant": figure.tenant, "tool": figure.tool} if figure.tenant else {"tool": figure.tool}
+            )
             if not conflicts:
                 attributes["status"] = figure.status
             value = getattr(figure, field)

@@ -31,6 +31,7 @@ from tests.support.browser import (
 from tests.support.downstream import DOWNSTREAM
 from tests.support.guarded import unknown_refund_and_a_held_repeat
 from tests.support.operator_api import OperatorApi, order, unknown_call
+from tests.test_executions_cli import put_call
 from tests.test_agent_run import wait_for_phase
 from tests.test_operator_api_conflicts import conflicted_call
 
@@ -45,7 +46,7 @@ __all__ = ["browser_type_launch_args", "chromium_browser"]  # the fixtures, used
 # -- sign-in --------------------------------------------------------------------------------------
 
 
-async def test_sign_in_keeps_the_token_in_an_http_only_session_cookie_and_nowhere_else(
+async def test_sign_in_keeps_a_session_id_in_an_http_only_cookie_and_the_token_nowhere(
     operator_api: OperatorApi, chromium_browser: Browser, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
@@ -54,6 +55,9 @@ async def test_sign_in_keeps_the_token_in_an_http_only_session_cookie_and_nowher
     page = await context.new_page()
     await page.goto("/console/sign-in")
     await page.get_by_label("Operator token").fill("oft_not-a-real-token")
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("alert")).to_contain_text("not an operator token")
+    await page.get_by_label("Operator token").fill("oft_" + "x" * 43)  # the shape of one, unknown
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.get_by_role("alert")).to_contain_text("unknown or revoked")
     assert "onceflow_console" not in {c["name"] for c in await context.cookies()}
@@ -76,6 +80,7 @@ async def test_sign_in_keeps_the_token_in_an_http_only_session_cookie_and_nowher
     session = next(c for c in await context.cookies() if c["name"] == "onceflow_console")
     assert session["httpOnly"] and session["sameSite"] == "Strict" and session["path"] == "/console"
     assert session["expires"] == -1  # a session cookie: gone when the browser closes
+    assert session["value"].startswith("ocs_") and token not in session["value"]
     await page.get_by_role("link", name=key).click()
     await expect(page.get_by_role("heading", level=1)).to_contain_text(key)
     assert token not in page.url and token not in await page.content()
@@ -91,15 +96,49 @@ async def test_sign_in_keeps_the_token_in_an_http_only_session_cookie_and_nowher
     answered = await page.request.get(f"/console/calls/{key}/actions/resolve")
     assert answered.status == 405
     assert (await operator_api.ledger.get(key)).status is Status.INDETERMINATE
-
-    await page.get_by_role("button", name="Sign out").click()
-    await expect(page).to_have_url(re.compile(r"/console/sign-in$"))
-    await page.goto("/console")
-    await expect(page).to_have_url(re.compile(r"/console/sign-in$"))
     await context.close()
 
     schema = (await operator_api.http.get("/openapi.json")).json()
     assert not [path for path in schema["paths"] if path.startswith("/console")]
+
+
+async def test_after_sign_out_a_replayed_cookie_or_form_is_sent_to_sign_in_and_changes_nothing(
+    operator_api: OperatorApi, chromium_browser: Browser
+) -> None:
+    waiting = await put_call(operator_api.ledger, approval=True)
+    page, _ = await signed_in(chromium_browser, operator_api, operator="alice")
+    # Everything a thief would copy: the cookie, and a Deny form ready to confirm.
+    await page.goto(f"/console/calls/{waiting}")
+    await page.locator("#deny-reason").fill("looks like fraud")
+    await page.get_by_role("button", name="Deny…").click()
+    await expect(page.get_by_role("button", name="Yes, deny")).to_be_visible()
+    stolen = [c for c in await page.context.cookies() if c["name"] == "onceflow_console"]
+    form = await page.locator("form.buttons").evaluate(
+        "f => Object.fromEntries(new FormData(f).entries())"
+    )
+    assert stolen and form["confirmed"] == "yes" and form["csrf"]
+
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page).to_have_url(re.compile(r"/console/signed-out$"))
+    await expect(page.get_by_role("heading", level=1)).to_have_text("You are signed out")
+    await expect(page.get_by_role("status")).to_contain_text("opens nothing now")
+    await expect(page.get_by_role("link", name="Sign in again")).to_be_visible()
+    await shoot(page, "signed-out")
+    await page.goto("/console")
+    await expect(page).to_have_url(re.compile(r"/console/sign-in$"))
+
+    # A fresh browser with the copied cookie: the queue sends it to sign in, the replayed Deny too.
+    thief = await chromium_browser.new_context(base_url=operator_api.url, viewport=DESKTOP)
+    await thief.add_cookies(stolen)
+    replay = await thief.new_page()
+    await replay.goto("/console")
+    await expect(replay).to_have_url(re.compile(r"/console/sign-in$"))
+    posted = await replay.request.post(f"/console/calls/{waiting}/actions/deny", form=form, max_redirects=0)
+    assert (posted.status, posted.headers["location"]) == (303, "/console/sign-in")
+    await thief.close()
+    record = await operator_api.ledger.get(waiting)
+    assert (record.status, record.settled_by) == (Status.AWAITING_APPROVAL, None)
+    assert [e.kind for e in record.events] == ["reserved"]
 
 
 # -- the queue ------------------------------------------------------------------------------------

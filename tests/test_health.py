@@ -167,6 +167,7 @@ async def test_the_api_probe_fails_while_nothing_answers_at_its_url(
 async def test_onceflow_health_passes_while_the_api_serves_and_fails_once_it_stopped(
     temporal_env: WorkflowEnvironment, database_url: str, tmp_path: Path
 ) -> None:
+    from onceflow.api.options import ApiOptions
     from onceflow.api.server import serve
 
     health = tmp_path / "api-health.json"
@@ -179,7 +180,9 @@ async def test_onceflow_health_passes_while_the_api_serves_and_fails_once_it_sto
         health_file=str(health),
     )
     stop = asyncio.Event()
-    api = asyncio.create_task(serve(settings, host="127.0.0.1", port=free_port(), stop=stop))
+    api = asyncio.create_task(
+        serve(settings, host="127.0.0.1", port=free_port(), stop=stop, options=ApiOptions())
+    )
     try:
         deadline = time.monotonic() + 30
         while heartbeat_problem(health) is not None:

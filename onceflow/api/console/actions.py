@@ -18,6 +18,7 @@ from onceflow.api.console import forms
 from onceflow.api.console.calls import Answer, OperatorCalls
 from onceflow.api.console.rendering import render
 from onceflow.api.console.routes import signed_in
+from onceflow.ledger import ConsoleSession
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
@@ -117,7 +118,7 @@ def request_body(action: Action, fields: dict[str, str]) -> dict[str, Any] | Non
     return body
 
 
-def _context(session: forms.Session, **more: Any) -> dict[str, Any]:
+def _context(session: ConsoleSession, **more: Any) -> dict[str, Any]:
     return {"session": session, **more}
 
 
@@ -130,7 +131,7 @@ async def act(request: Request, key: str, name: str) -> Response:
     if action is None:
         problem = {"title": "No such action", "detail": f"there is no action {name!r}", "status": 404}
         return render(request, "problem.html", _context(session, problem=problem), 404)
-    calls = OperatorCalls(request.app, session.token)
+    calls = OperatorCalls(request.app, session.operator)
     try:
         body = request_body(action, fields)
     except BadField as exc:
@@ -169,7 +170,7 @@ async def bulk_resolve(request: Request) -> Response:
     forms.check_post(request, session, fields)
     keys = list(dict.fromkeys(await forms.keys_of(request)))
     tool = fields.get("tool", "")
-    calls = OperatorCalls(request.app, session.token)
+    calls = OperatorCalls(request.app, session.operator)
 
     def refuse(detail: str) -> Response:
         problem = {"title": "Not sent", "detail": f"Nothing was changed: {detail}.", "status": 400}

@@ -14,20 +14,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.responses import Response
 
+from onceflow.api.headers import SECURITY_HEADERS
+
 HERE = Path(__file__).resolve().parent
 # Every value a template prints is escaped (autoescape on for all templates, whatever their name).
 TEMPLATES = Jinja2Templates(
     env=jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
 )
 
-# No script at all, no third-party anything: the pages work offline and nothing can be injected.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
+# The API's own (no script, nothing from elsewhere), and pages are never cached: they show a tenant.
+PAGE_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}
 
 
 def _when(value: Any) -> datetime | None:
@@ -90,11 +86,11 @@ TEMPLATES.env.filters.update(moment=moment, age=age, pretty=pretty, status_label
 
 def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
     response = TEMPLATES.TemplateResponse(request, name, context, status_code=status_code)
-    response.headers.update(SECURITY_HEADERS)
+    response.headers.update(PAGE_HEADERS)
     return response
 
 
 def redirect(url: str) -> Response:
     response = RedirectResponse(url, status_code=303)
-    response.headers.update(SECURITY_HEADERS)
+    response.headers.update(PAGE_HEADERS)
     return response

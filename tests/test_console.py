@@ -31,8 +31,8 @@ from tests.support.browser import (
 from tests.support.downstream import DOWNSTREAM
 from tests.support.guarded import unknown_refund_and_a_held_repeat
 from tests.support.operator_api import OperatorApi, order, unknown_call
-from tests.test_executions_cli import put_call
 from tests.test_agent_run import wait_for_phase
+from tests.test_executions_cli import put_call
 from tests.test_operator_api_conflicts import conflicted_call
 
 pytestmark = pytest.mark.skipif(
@@ -112,11 +112,9 @@ async def test_after_sign_out_a_replayed_cookie_or_form_is_sent_to_sign_in_and_c
     await page.locator("#deny-reason").fill("looks like fraud")
     await page.get_by_role("button", name="Deny…").click()
     await expect(page.get_by_role("button", name="Yes, deny")).to_be_visible()
-    stolen = [c for c in await page.context.cookies() if c["name"] == "onceflow_console"]
-    form = await page.locator("form.buttons").evaluate(
-        "f => Object.fromEntries(new FormData(f).entries())"
-    )
-    assert stolen and form["confirmed"] == "yes" and form["csrf"]
+    [stolen] = [c for c in await page.context.cookies() if c["name"] == "onceflow_console"]
+    form = await page.locator("form.buttons").evaluate("f => Object.fromEntries(new FormData(f).entries())")
+    assert stolen["value"].startswith("ocs_") and form["confirmed"] == "yes" and form["csrf"]
 
     await page.get_by_role("button", name="Sign out").click()
     await expect(page).to_have_url(re.compile(r"/console/signed-out$"))
@@ -129,7 +127,16 @@ async def test_after_sign_out_a_replayed_cookie_or_form_is_sent_to_sign_in_and_c
 
     # A fresh browser with the copied cookie: the queue sends it to sign in, the replayed Deny too.
     thief = await chromium_browser.new_context(base_url=operator_api.url, viewport=DESKTOP)
-    await thief.add_cookies(stolen)
+    await thief.add_cookies(
+        [
+            {
+                "name": stolen["name"],
+                "value": stolen["value"],
+                "domain": stolen["domain"],
+                "path": stolen["path"],
+            }
+        ]
+    )
     replay = await thief.new_page()
     await replay.goto("/console")
     await expect(replay).to_have_url(re.compile(r"/console/sign-in$"))

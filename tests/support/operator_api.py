@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 from temporalio.client import Client
 
 from onceflow.api.app import create_app
@@ -33,6 +34,7 @@ class OperatorApi:
     http: httpx.AsyncClient
     ledger: Ledger
     runs: Harness
+    app: FastAPI
 
     async def token(self, tenant: str = "acme", operator: str = "alice") -> str:
         _, secret = await OperatorTokens(self.ledger).create(tenant=tenant, operator=operator)
@@ -87,7 +89,7 @@ async def serving_api(
         url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         try:
             async with httpx.AsyncClient(base_url=url, timeout=30, verify=tls is None) as http:
-                yield OperatorApi(url=url, http=http, ledger=ledger, runs=runs)
+                yield OperatorApi(url=url, http=http, ledger=ledger, runs=runs, app=app)
         finally:
             server.should_exit = True
             await task

@@ -63,7 +63,8 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    # validate: a character outside the alphabet is an error, not skipped
+    return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
 def check_key(secret: str) -> bytes:
@@ -115,7 +116,7 @@ def read(secret: str, text: str) -> Assertion:
             operator=str(claims["operator"]),
             expires_at=datetime.fromtimestamp(int(claims["exp"]), UTC),
         )
-    except (ValueError, KeyError, TypeError):
+    except (binascii.Error, ValueError, KeyError, TypeError):
         raise SignalRefused("the operator assertion is malformed") from None
 
 

@@ -66,7 +66,6 @@ def create_app(
     )
     app.state.ledger = ledger
     app.state.tokens = OperatorTokens(ledger)
-    app.state.signal_key = options.signal_key
     install_problem_handlers(app)
     # Before any route is added, so every route (and every later one) inherits the checks.
     install_input_checks(app, body_limit=MAX_BODY_BYTES)
@@ -76,5 +75,12 @@ def create_app(
     app.add_middleware(SecurityHeaders)
     sessions = ConsoleSessions(ledger, idle=options.console_idle, lifetime=options.console_lifetime)
     install_console(app, namespace=client.namespace, sessions=sessions)
-    include_routes(app, ledger=ledger, client=client, registry=registry, task_queue=task_queue)
+    include_routes(
+        app,
+        ledger=ledger,
+        client=client,
+        registry=registry,
+        task_queue=task_queue,
+        signal_key=options.signal_key,
+    )
     return app

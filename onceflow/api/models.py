@@ -266,6 +266,23 @@ class DecisionResponse(BaseModel):
     run_signalled: bool
 
 
+class AssertionRequest(_Request):
+    expires_in: int = Field(
+        600, ge=1, le=3600, description="Seconds the assertion is good for (at most an hour)."
+    )
+
+
+class AssertionResponse(BaseModel):
+    """An operator assertion: the API vouches that this operator of this tenant may settle this
+    key with a `resolve` signal or update, until `expires_at`. It names no token."""
+
+    key: str
+    tenant: str
+    operator: str
+    expires_at: datetime
+    assertion: str = Field(description="The `assertion` field of the resolve signal's input.")
+
+
 class CompensationStarted(BaseModel):
     key: str
     compensation_key: str

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
@@ -79,13 +79,15 @@ async def test_only_a_valid_assertion_lets_a_signal_settle_and_it_settles_once(
     handle, key = await _paused_run(verified)
     soon = datetime.now(UTC) + timedelta(minutes=5)
 
-    def resolve(assertion: str | None, actor: str = "mallory", status: str = "failed") -> ResolveSignal:
+    def resolve(
+        assertion: str | None, actor: str = "mallory", status: Literal["completed", "failed"] = "failed"
+    ) -> ResolveSignal:
         return ResolveSignal(
             key=key,
             status=status,
             reason="says so",
             actor=actor,
-            assertion=assertion,  # type: ignore[arg-type]
+            assertion=assertion,
         )
 
     genuine = sign(KEY, Assertion(tenant="acme", key=key, operator="alice", expires_at=soon))
@@ -127,7 +129,8 @@ async def test_only_a_valid_assertion_lets_a_signal_settle_and_it_settles_once(
         assert "resolve by signal:mallory refused" in shown, (name, shown)
     # An update is answered with the refusal, before anything is decided.
     with pytest.raises(WorkflowUpdateFailedError) as failed:
-        await handle.execute_update(AgentRunWorkflow.resolve_update, resolve(None))
+        answered = await handle.execute_update(AgentRunWorkflow.resolve_update, resolve(None))
+        pytest.fail(f"an unsigned update was answered {answered!r}")
     assert "only with an operator assertion" in str(failed.value.cause)
 
     record = await verified.ledger.get(key)

@@ -22,7 +22,13 @@ from onceflow.ledger.errors import (
 )
 from onceflow.ledger.guards import Guard, GuardArgumentError
 from onceflow.ledger.migrate import migrate
-from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
+from onceflow.ledger.records import (
+    RepeatedDecision,
+    Reservation,
+    ReserveResult,
+    ToolExecutionEvent,
+    ToolExecutionRecord,
+)
 from onceflow.ledger.resends import ResendDecision
 from onceflow.ledger.retention import PurgeReport, purge_settled
 from onceflow.ledger.sessions import ConsoleSession, ConsoleSessions
@@ -69,6 +75,7 @@ __all__ = [
     "PurgeReport",
     "ReasonRequiredError",
     "RecordNotFoundError",
+    "RepeatedDecision",
     "ResendDecision",
     "ResendInFlightError",
     "Reservation",

@@ -21,10 +21,14 @@ from onceflow.sdk.payloads import Phase
 from tests.support.browser import (
     CHROMIUM,
     DESKTOP,
+    LAPTOP,
     PHONE,
     browser_type_launch_args,
     chromium_browser,
+    decisions_are_on_the_first_screen,
+    events_read_without_sideways_scrolling,
     every_control_is_labelled,
+    key_is_the_visible_title,
     shoot,
     signed_in,
 )
@@ -191,11 +195,23 @@ async def test_the_queue_counts_filters_and_pages_longest_waiting_first(
     await page.get_by_role("link", name="1 Escalated").click()
     assert await page.locator("table.queue td a.key").all_inner_texts() == [credits[0]]
 
+    # On a phone the filters fold behind one control, so the first call is on the first screen.
     await page.set_viewport_size(PHONE)
     await page.goto("/console")
     width = await page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], f"the queue scrolls sideways at 375 px ({width} px wide)"
+    await expect(page.get_by_label("Per page")).to_be_hidden()
+    fold = page.locator("summary", has_text="Filters")
+    await expect(fold).to_be_visible()
+    first = await page.locator("table.queue a.key").first.bounding_box()
+    assert first is not None and 0 <= first["y"] and first["y"] + first["height"] <= PHONE["height"], first
     await shoot(page, "queue-375", full_page=False)
+    await fold.click()
+    await expect(page.get_by_label("Per page")).to_be_visible()
+    # On a wide screen the filters are there without unfolding anything.
+    await page.set_viewport_size(DESKTOP)
+    await page.goto("/console")
+    await expect(page.get_by_label("Per page")).to_be_visible()
 
 
 # -- resolving unknown calls ----------------------------------------------------------------------
@@ -210,21 +226,28 @@ async def test_resolve_from_the_call_page_settles_the_paused_run(
     key = f"{handle.id}:call_1_0"
     await wait_for_phase(handle, Phase.AWAITING_RECONCILIATION)
 
-    page, _ = await signed_in(chromium_browser, operator_api)
+    page, _ = await signed_in(chromium_browser, operator_api, viewport=LAPTOP)
     await page.get_by_role("link", name=key).click()
-    await expect(page.get_by_role("heading", level=1)).to_contain_text(key)
+    await expect(page.get_by_role("heading", level=1)).to_have_text(key)
     link = page.get_by_role("link", name="Open the run in the Temporal UI")
     assert (
         await link.get_attribute("href") == f"http://127.0.0.1:8233/namespaces/default/workflows/{handle.id}"
     )
     events = page.get_by_role("region", name="Events")
     await expect(events.get_by_role("row")).to_have_count(3)  # header, reserved, indeterminate
+    first_event = events.get_by_role("row").nth(1)
+    await expect(first_event).to_contain_text("reserved as started")
+    await expect(first_event).not_to_contain_text("·")
     await expect(page.locator("pre.payload")).to_contain_text('"account_id"')
     await every_control_is_labelled(page)
-    await shoot(page, "call-1280")
+    await key_is_the_visible_title(page, key, LAPTOP)
+    await decisions_are_on_the_first_screen(page, LAPTOP, ["Resolve…", "Nudge the run…"])
+    await shoot(page, "call-1280", full_page=False)
     await page.set_viewport_size(PHONE)
     width = await page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], f"the call page scrolls sideways at 375 px ({width} px wide)"
+    await key_is_the_visible_title(page, key, PHONE)
+    await events_read_without_sideways_scrolling(page)
     await shoot(page, "call-375", full_page=False)
     await page.set_viewport_size(DESKTOP)
 
@@ -270,7 +293,13 @@ async def test_two_browser_sessions_resolve_one_call_and_the_second_is_told_who_
     await expect(alice.get_by_role("status")).to_contain_text("settled by operator:alice")
     await bob.get_by_role("button", name="Yes, resolve").click()
     await expect(bob.get_by_role("heading", level=1)).to_have_text("Someone decided first")
-    await expect(bob.get_by_role("alert")).to_contain_text("operator:alice decided first")
+    alert = bob.get_by_role("alert")
+    await expect(alert).to_contain_text("operator:alice decided first")
+    await expect(alert).to_contain_text("saying: “credit is in billing”")
+    await expect(alert.locator("time")).to_have_text(
+        re.compile(r"^(just now|\d+ seconds? ago, at \d\d:\d\d UTC)$")
+    )
+    assert not re.search(r"\d{4}-\d\d-\d\dT", await alert.inner_text()), "an ISO timestamp, not words"
     await shoot(bob, "conflict-409")
 
     record = await operator_api.ledger.get(key)
@@ -303,7 +332,8 @@ async def test_bulk_resolve_settles_each_call_on_its_own_and_says_which_won(
         assert first.status_code == 200
     await page.get_by_role("button", name="Yes, resolve 4 calls").click()
     await expect(page.get_by_role("status")).to_have_text(
-        "3 won, 1 lost (decided first by someone else), 0 refused."
+        "3 won, 0 already yours (you had decided them before, just so), 1 lost (decided first by "
+        "someone else), 0 refused."
     )
     lost = page.locator("tr.lost")
     await expect(lost).to_have_count(1)
@@ -316,3 +346,30 @@ async def test_bulk_resolve_settles_each_call_on_its_own_and_says_which_won(
         expected = ("operator:bob", Status.FAILED) if key == keys[2] else ("operator:alice", Status.COMPLETED)
         assert (record.settled_by, record.status) == expected
     assert (await ledger.get(other)).status is Status.INDETERMINATE
+
+
+async def test_bulk_resolve_sent_again_from_a_second_tab_says_already_yours_not_won(
+    operator_api: OperatorApi, chromium_browser: Browser
+) -> None:
+    keys = [await unknown_call(operator_api.ledger, tool="issue_refund") for _ in range(3)]
+    first, _ = await signed_in(chromium_browser, operator_api)
+    second = await first.context.new_page()  # a second tab of the same session
+    for tab in (first, second):
+        await tab.goto("/console?tool=issue_refund")
+        for key in keys:
+            await tab.get_by_label(f"Select {key}").check()
+        await tab.locator("#bulk-reason").fill("all three in the refund export")
+        await tab.get_by_role("button", name="Review bulk resolve").click()
+        await expect(tab.get_by_role("button", name="Yes, resolve 3 calls")).to_be_visible()
+
+    await first.get_by_role("button", name="Yes, resolve 3 calls").click()
+    await expect(first.get_by_role("status")).to_contain_text("3 won, 0 already yours")
+    await second.get_by_role("button", name="Yes, resolve 3 calls").click()
+    await expect(second.get_by_role("heading", level=1)).to_contain_text("Resolved 0 of 3 calls")
+    await expect(second.get_by_role("status")).to_contain_text("0 won, 3 already yours")
+    await expect(second.locator("tr.already-yours")).to_have_count(3)
+    await expect(second.locator("tr.already-yours").first).to_contain_text("nothing new was recorded")
+    await shoot(second, "bulk-already-yours")
+    for key in keys:
+        record = await operator_api.ledger.get(key)
+        assert [e.actor for e in record.events if e.kind == "settled"] == ["operator:alice"]

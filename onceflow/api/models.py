@@ -264,6 +264,11 @@ class DecisionResponse(BaseModel):
 
     execution: ToolExecutionView
     run_signalled: bool
+    repeated: bool = Field(
+        default=False,
+        description="True: you had already made this very decision (a retried request, a second "
+        "tab); nothing new was recorded.",
+    )
 
 
 class AssertionRequest(_Request):
@@ -302,6 +307,7 @@ class ProblemDocument(BaseModel):
     current_status: str | None = Field(None, description="On 409: where the call stands now.")
     decided_by: str | None = Field(None, description="On 409: who decided first.")
     decided_at: str | None = Field(None, description="On 409: when they decided.")
+    decided_reason: str | None = Field(None, description="On 409: the reason they gave, if any.")
     held_by: str | None = Field(None, description="On 409 `held`: the call it waits for; decide that one.")
 
 

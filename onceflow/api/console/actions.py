@@ -156,7 +156,8 @@ class BulkOutcome:
     @property
     def verdict(self) -> str:
         if self.answer.ok:
-            return "won"
+            # A second tab, or the form sent twice: the ledger had this very decision of yours.
+            return "already yours" if self.answer.body.get("repeated") else "won"
         if self.answer.status == 409:
             return "lost"
         return "refused"
@@ -209,6 +210,7 @@ async def bulk_resolve(request: Request) -> Response:
         tool=tool,
         body=body,
         won=sum(o.verdict == "won" for o in outcomes),
+        yours=sum(o.verdict == "already yours" for o in outcomes),
         lost=sum(o.verdict == "lost" for o in outcomes),
         refused=sum(o.verdict == "refused" for o in outcomes),
     )

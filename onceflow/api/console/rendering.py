@@ -56,6 +56,28 @@ def age(value: Any, now: datetime | None = None) -> str:
     return " ".join(shown) or "0 s"
 
 
+def when_words(value: Any, now: datetime | None = None) -> str:
+    """When, as a person says it: `just now`, `4 minutes ago`, `2 hours ago`, `yesterday at 14:02
+    UTC`, or the date and time for anything older."""
+    when = _when(value)
+    if when is None:
+        return ""
+    now = now or datetime.now(UTC)
+    when = when.astimezone(UTC)
+    seconds = int((now - when).total_seconds())
+    if seconds < 10:
+        return "just now"
+    for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second")):
+        if seconds >= size:
+            count = seconds // size
+            if unit == "day":
+                break
+            return f"{count} {unit}{'' if count == 1 else 's'} ago, at {when:%H:%M} UTC"
+    if (now.date() - when.date()).days == 1:
+        return f"yesterday at {when:%H:%M} UTC"
+    return f"on {when:%Y-%m-%d} at {when:%H:%M} UTC"
+
+
 def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
@@ -81,7 +103,9 @@ def in_path(key: str) -> str:
     return quote(key, safe=":")
 
 
-TEMPLATES.env.filters.update(moment=moment, age=age, pretty=pretty, status_label=status_label, q=in_path)
+TEMPLATES.env.filters.update(
+    moment=moment, age=age, when_words=when_words, pretty=pretty, status_label=status_label, q=in_path
+)
 
 
 def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:

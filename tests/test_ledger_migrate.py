@@ -28,7 +28,7 @@ from onceflow.ledger import (
 )
 from onceflow.ledger.migrate import MIGRATIONS_DIR, UnsupportedServerError, check_server, discover
 from onceflow.local.postgres import create_database, drop_database
-from tests.support.migrations import migrations_before
+from tests.support.migrations import migrations_before, version_of
 
 LATEST = len(discover())
 
@@ -268,6 +268,7 @@ HASHED_COLUMNS = [
     ("tool_executions", "payload_sha256"),
     ("conversation_messages", "sha256"),
     ("operator_tokens", "token_sha256"),
+    ("console_sessions", "id_sha256"),
 ]
 NOT_A_SHA256 = [
     "",
@@ -329,7 +330,8 @@ async def test_0021_moves_the_rules_to_domains_without_rewriting_and_its_rows_va
     try:
         files = "SELECT relname, relfilenode FROM pg_class WHERE relkind IN ('r', 'i') ORDER BY relname"
         before = await conn.fetch(files)
-        assert await migrate(conn) == LATEST
+        through = migrations_before("allowed_values_as_domains", tmp_path / "through", including=True)
+        assert await migrate(conn, directory=through) == version_of("allowed_values_as_domains")
         assert await conn.fetch(files) == before
         assert (
             await conn.fetchval("SELECT count(*) FROM tool_execution_events WHERE key LIKE 'run-0021:%'") == 6

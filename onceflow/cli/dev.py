@@ -155,7 +155,9 @@ class DevStack:
             billing_url=billing_url,
             ui_url=ui_url,
             api_url=f"http://{cfg.host}:{cfg.api_port}",
-            api_metrics_url=f"http://{cfg.host}:{cfg.api_metrics_port}/metrics" if cfg.api_metrics_port else None,
+            api_metrics_url=f"http://{cfg.host}:{cfg.api_metrics_port}/metrics"
+            if cfg.api_metrics_port
+            else None,
         )
         await _wait_for_temporal(info)
         await _wait_for_http(f"{billing_url}/health", "the billing service", self.check_alive)

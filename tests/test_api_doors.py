@@ -127,3 +127,12 @@ async def test_the_temporal_ui_link_encodes_the_run_id_and_the_namespace(operato
         assert link is not None
         encoded = run_id.replace("?", "%3F").replace("=", "%3D").replace("#", "%23")
         assert link.group(1) == f"http://127.0.0.1:8233/namespaces/default/workflows/{encoded}"
+
+
+async def test_a_call_page_for_a_key_the_api_would_refuse_is_400(operator_api: OperatorApi) -> None:
+    async with httpx.AsyncClient(base_url=operator_api.url, timeout=30) as http:
+        await _signed_in(operator_api, http)
+        for path in ("/console/calls/run%00:c", "/console/calls/no-colon", "/console/calls/a%20b:c"):
+            page = await http.get(path)
+            assert page.status_code == 400, (path, page.status_code)
+            assert page.headers["content-type"].startswith("text/html")

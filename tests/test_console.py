@@ -243,6 +243,7 @@ async def test_resolve_from_the_call_page_settles_the_paused_run(
     await key_is_the_visible_title(page, key, LAPTOP)
     await decisions_are_on_the_first_screen(page, LAPTOP, ["Resolve…", "Nudge the run…"])
     await shoot(page, "call-1280", full_page=False)
+    await shoot(page, "call-1280-full")  # the whole page, for README
     await page.set_viewport_size(PHONE)
     width = await page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], f"the call page scrolls sideways at 375 px ({width} px wide)"

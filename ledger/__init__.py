@@ -22,7 +22,7 @@ from onceflow.ledger.errors import (
     TenantMismatchError,
 )
 from onceflow.ledger.guards import Guard, GuardArgumentError, Heard
-from onceflow.ledger.migrate import migrate
+from onceflow.ledger.migrate import migrate, schema_behind
 from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
 from onceflow.ledger.resends import ResendDecision
 from onceflow.ledger.retention import PurgeReport, purge_settled
@@ -84,5 +84,6 @@ __all__ = [
     "canonical_payload",
     "migrate",
     "purge_settled",
+    "schema_behind",
     "unauthenticated_actor",
 ]

@@ -146,6 +146,7 @@ class AgentRegistry:
         self.path = path
         # Their tools join the agents once started: `async with onceflow.mcp.runtime.mcp_toolsets(registry)`.
         self.mcp_servers = mcp_servers or {}
+        self.mcp_attached = False  # set once their tools are attached (onceflow.mcp.runtime.attach_tools)
         # Agents whose model this worker cannot build (a key not set, an SDK not installed), and why.
         # Their tools stay known, so reconcile and compensation of their calls still work here.
         self.unavailable: dict[str, str] = {}

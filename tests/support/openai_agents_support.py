@@ -14,6 +14,8 @@ from typing import Any
 from agents import Model, ModelResponse, Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from temporalio import activity
+from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
+from temporalio.openai_agents.testing import TestModelProvider
 
 from onceflow.adapters.openai_agents import WriteTools
 from tests.support.downstream import DOWNSTREAM, toolset
@@ -105,3 +107,11 @@ class ScriptedModel(Model):
 
 
 LOOKUP_TIMEOUT = timedelta(seconds=5)
+
+
+def openai_agents_plugin() -> OpenAIAgentsPlugin:
+    """The SDK's Temporal plugin with the scripted model (on the client: it brings its data converter)."""
+    return OpenAIAgentsPlugin(
+        model_provider=TestModelProvider(ScriptedModel()),
+        model_params=ModelActivityParameters(start_to_close_timeout=timedelta(seconds=10)),
+    )

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic_ai import Agent
-from pydantic_ai.durable_exec.temporal import TemporalDurability
+from pydantic_ai.durable_exec.temporal import AgentPlugin, PydanticAIPlugin, TemporalDurability
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -78,3 +78,8 @@ AGENT: Agent[None, str] = Agent(
     tools=[lookup_order],
     capabilities=[TemporalDurability(), OnceflowWrites(WRITES)],
 )
+
+
+def agent_plugins() -> list[PydanticAIPlugin | AgentPlugin]:
+    """Pydantic AI's plugins for a worker serving AGENT (its activities, its sandbox needs)."""
+    return [PydanticAIPlugin(), AgentPlugin(AGENT)]

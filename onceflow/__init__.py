@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from onceflow.ledger import ToolExecutionRecord
-    from onceflow.runtime.plugin import OnceflowPlugin, OnceflowStartupError
     from onceflow.runtime.client import connect, start_run
+    from onceflow.runtime.plugin import OnceflowPlugin, OnceflowStartupError
     from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
     from onceflow.sdk.testing import assert_tool_contract
     from onceflow.sdk.tools import (

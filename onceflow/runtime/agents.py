@@ -74,7 +74,9 @@ class AgentsFile(BaseModel):
     toolsets: dict[str, str] = {}
     # MCP servers are toolsets too; their tools are listed when the worker starts (onceflow/mcp/).
     mcp_servers: dict[str, McpServerConfig] = {}
-    agents: dict[str, AgentConfig] = Field(min_length=1)
+    # None is fine: a deployment whose agents are all another framework's (docs/adapters.md) has
+    # toolsets at most, or no file at all.
+    agents: dict[str, AgentConfig] = {}
 
 
 class Agent:

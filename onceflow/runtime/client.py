@@ -145,12 +145,10 @@ async def ensure_search_attributes(client: Client) -> list[str]:
 
 
 def search_attribute_commands(namespace: str, keys: list[SearchAttributeKey[Any]]) -> list[str]:
-    """The `temporal` commands that add these search attributes (one per type: the CLI takes one)."""
-    by_type: dict[str, list[str]] = {}
-    for key in keys:
-        by_type.setdefault(_type_name(key), []).append(key.name)
+    """The `temporal` commands that add these search attributes, one each (temporal CLI 1.9 creates
+    only the first of several `--name`s given to one command)."""
     return [
-        f"temporal operator search-attribute create --namespace {namespace} --type {kind} "
-        + " ".join(f"--name {name}" for name in names)
-        for kind, names in by_type.items()
+        f"temporal operator search-attribute create --namespace {namespace} --name {key.name} "
+        f"--type {_type_name(key)}"
+        for key in keys
     ]

@@ -58,21 +58,29 @@ def _items(value: Any) -> list[dict[str, Any]]:
     return [item if isinstance(item, dict) else item.model_dump() for item in value]
 
 
+def _responses(items: list[dict[str, Any]]) -> int:
+    """How many model answers the conversation holds: each run of function calls is one, and so is
+    each assistant message."""
+    answers, previous = 0, None
+    for item in items:
+        kind = item.get("type")
+        if (kind == "function_call" and previous != "function_call") or item.get("role") == "assistant":
+            answers += 1
+        previous = kind
+    return answers
+
+
 class ScriptedModel(Model):
-    """Answers from the script in the first user message: turn n's tool calls, then a final text
-    listing every tool output it was given."""
+    """Answers from the script in the first user message: turn n's tool calls (an empty turn, or the
+    end of the script: a final text listing every tool output it was given)."""
 
     async def get_response(
         self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
     ) -> ModelResponse:
         items = _items(input)
         plan = json.loads(next(str(i["content"]) for i in items if i.get("role") == "user"))
-        calls_made = sum(1 for i in items if i.get("type") == "function_call")
-        turn, seen = 0, 0
-        while turn < len(plan["script"]) and seen < calls_made:
-            seen += len(plan["script"][turn])
-            turn += 1
-        if turn >= len(plan["script"]):
+        turn = _responses(items)
+        if turn >= len(plan["script"]) or not plan["script"][turn]:
             outputs = [i["output"] for i in items if i.get("type") == "function_call_output"]
             text = json.dumps({"done": True, "results": [_parsed(o) for o in outputs]})
             message = ResponseOutputMessage(

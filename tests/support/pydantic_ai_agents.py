@@ -18,6 +18,7 @@ from pydantic_ai.durable_exec.temporal import AgentPlugin, PydanticAIPlugin, Tem
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from onceflow.adapters.heard import OnceflowState
 from onceflow.adapters.pydantic_ai import OnceflowWrites, WriteTools
 from tests.support.downstream import DOWNSTREAM, toolset
 
@@ -31,8 +32,21 @@ WRITES = WriteTools(
 
 class AdapterRunInput(BaseModel):
     tenant: str
-    script: list[list[dict[str, Any]]]
+    script: list[list[dict[str, Any]]]  # an empty turn is a final answer (the run may go on later)
     fresh_ids: bool = False
+
+
+class ContinuingRunInput(BaseModel):
+    """A run that answers, then continues as new and goes on with the same conversation, `executions`
+    times (tests/support/*_workflow.py, the `...ContinuingWorkflow`s). `pass_state`: hand
+    OnceflowState on to the next execution, as docs/adapters.md says to."""
+
+    tenant: str
+    script: list[list[dict[str, Any]]]
+    executions: int = 2
+    pass_state: bool = True
+    history: Any = None  # the conversation so far, in the framework's own serialised form
+    onceflow: OnceflowState | None = None
 
 
 def _script(messages: list[ModelMessage]) -> dict[str, Any]:
@@ -46,7 +60,7 @@ def _script(messages: list[ModelMessage]) -> dict[str, Any]:
 def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     plan = _script(messages)
     turn = sum(isinstance(message, ModelResponse) for message in messages)
-    if turn >= len(plan["script"]):
+    if turn >= len(plan["script"]) or not plan["script"][turn]:
         results = [
             part.content
             for message in messages

@@ -64,7 +64,8 @@ async def adapter(
             workflows=[PydanticBillingWorkflow, PydanticContinuingWorkflow],
             plugins=agent_plugins(),
         )
-        plain, continuing = PydanticBillingWorkflow.run, PydanticContinuingWorkflow.run
+        plain: Any = PydanticBillingWorkflow.run
+        continuing: Any = PydanticContinuingWorkflow.run
     else:
         config = temporal_env.client.service_client.config
         client = await Client.connect(

@@ -22,10 +22,29 @@ from onceflow.ledger import Ledger, Status
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.worker import build_worker
 from tests.support.downstream import DOWNSTREAM
-from tests.support.openai_agents_support import OPENAI_WRITES, lookup_order, openai_agents_plugin
-from tests.support.openai_agents_workflow import OpenAIBillingWorkflow, OpenAIContinuingWorkflow
-from tests.support.pydantic_ai_agents import WRITES, AdapterRunInput, ContinuingRunInput, agent_plugins
-from tests.support.pydantic_ai_workflow import PydanticBillingWorkflow, PydanticContinuingWorkflow
+from tests.support.openai_agents_support import (
+    OPENAI_DEFAULT_POLICY_WRITES,
+    OPENAI_WRITES,
+    lookup_order,
+    openai_agents_plugin,
+)
+from tests.support.openai_agents_workflow import (
+    OpenAIBillingWorkflow,
+    OpenAIContinuingWorkflow,
+    OpenAIDefaultPolicyWorkflow,
+)
+from tests.support.pydantic_ai_agents import (
+    DEFAULT_POLICY_WRITES,
+    WRITES,
+    AdapterRunInput,
+    ContinuingRunInput,
+    agent_plugins,
+)
+from tests.support.pydantic_ai_workflow import (
+    PydanticBillingWorkflow,
+    PydanticContinuingWorkflow,
+    PydanticDefaultPolicyWorkflow,
+)
 
 
 def credit(call_id: str, tool: str = "issue_credit") -> dict[str, Any]:
@@ -41,10 +60,16 @@ class Adapter:
     task_queue: str
     plain: Any  # the hosting workflow's run method
     continuing: Any  # the one that continues as new
+    default_policy: Any  # the one whose writes declare no tool_policy
 
-    async def start(self, run_id: str, script: list[list[dict[str, Any]]]) -> WorkflowHandle[Any, str]:
+    async def start(
+        self, run_id: str, script: list[list[dict[str, Any]]], workflow: Any = None
+    ) -> WorkflowHandle[Any, str]:
         return await self.client.start_workflow(
-            self.plain, AdapterRunInput(tenant="acme", script=script), id=run_id, task_queue=self.task_queue
+            workflow or self.plain,
+            AdapterRunInput(tenant="acme", script=script),
+            id=run_id,
+            task_queue=self.task_queue,
         )
 
 
@@ -59,13 +84,14 @@ async def adapter(
         worker = build_worker(
             client,
             ledger,
-            WRITES.register(AgentRegistry({})),
+            DEFAULT_POLICY_WRITES.register(WRITES.register(AgentRegistry({}))),
             task_queue=task_queue,
-            workflows=[PydanticBillingWorkflow, PydanticContinuingWorkflow],
+            workflows=[PydanticBillingWorkflow, PydanticContinuingWorkflow, PydanticDefaultPolicyWorkflow],
             plugins=agent_plugins(),
         )
         plain: Any = PydanticBillingWorkflow.run
         continuing: Any = PydanticContinuingWorkflow.run
+        default_policy: Any = PydanticDefaultPolicyWorkflow.run
     else:
         config = temporal_env.client.service_client.config
         client = await Client.connect(
@@ -74,14 +100,15 @@ async def adapter(
         worker = build_worker(
             client,
             ledger,
-            OPENAI_WRITES.register(AgentRegistry({})),
+            OPENAI_DEFAULT_POLICY_WRITES.register(OPENAI_WRITES.register(AgentRegistry({}))),
             task_queue=task_queue,
-            workflows=[OpenAIBillingWorkflow, OpenAIContinuingWorkflow],
+            workflows=[OpenAIBillingWorkflow, OpenAIContinuingWorkflow, OpenAIDefaultPolicyWorkflow],
             activities=[lookup_order],
         )
         plain, continuing = OpenAIBillingWorkflow.run, OpenAIContinuingWorkflow.run
+        default_policy = OpenAIDefaultPolicyWorkflow.run
     async with worker:
-        yield Adapter(request.param, client, task_queue, plain, continuing)
+        yield Adapter(request.param, client, task_queue, plain, continuing, default_policy)
 
 
 async def told(handle: WorkflowHandle[Any, str]) -> list[dict[str, Any]]:
@@ -162,3 +189,22 @@ async def test_used_call_ids_and_what_was_heard_survive_continue_as_new(adapter:
         else:  # what the state prevents: the first run's credit handed over as the second's
             assert DOWNSTREAM.received == {f"{run_id}:c1": 1}
             assert second["result"] == first["result"]
+
+
+async def test_under_the_default_policy_an_unknown_write_fails_the_run_and_the_model_is_asked_nothing_more(
+    adapter: Adapter, ledger: Ledger
+) -> None:
+    # Writes declared without a tool_policy take the plugin's, whose default is `fail` (docs/adapters.md
+    # says what that does): the run fails at the first unknown call, naming it; the model's next
+    # turn (a second credit) never comes; the call stays unknown in the ledger for its reconciler.
+    DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
+    run_id = f"{adapter.framework}-{uuid.uuid4().hex[:8]}"
+    tool = "issue_credit_unreconciled"
+    handle = await adapter.start(run_id, [[credit("c1", tool)], [credit("c2", tool)]], adapter.default_policy)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(handle.result(), 60)
+    causes = _causes(failed.value)
+    assert "CallIndeterminate" in causes and f"{run_id}:c1" in causes and "on_indeterminate: fail" in causes
+    assert DOWNSTREAM.received == {f"{run_id}:c1": 1}
+    assert (await ledger.get(f"{run_id}:c1", with_events=False)).status is Status.INDETERMINATE
+    assert await ledger.find(f"{run_id}:c2") is None

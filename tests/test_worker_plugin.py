@@ -17,6 +17,7 @@ import shlex
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,3 +200,34 @@ async def test_a_worker_whose_client_cannot_carry_onceflows_payloads_is_refused_
     )
     with pytest.raises(ValueError, match="Put OnceflowPlugin on the client"):
         Worker(plain, task_queue="never-polled", plugins=[OnceflowPlugin(database_url, agents=[WRITES])])
+
+
+def test_agents_declared_without_a_tool_policy_take_the_plugins_and_its_default_is_fail(
+    tmp_path: Path,
+) -> None:
+    from onceflow.adapters.host import WriteTools
+    from tests.support.downstream import issue_credit
+
+    chosen_by_plugin = WriteTools([issue_credit], agent="policy-from-plugin")
+    own = WriteTools([issue_credit], agent="own-policy", tool_policy={"on_indeterminate": "fail"})
+    assert chosen_by_plugin.spec.policy.on_indeterminate == "fail"  # agents.yaml's default
+    agents_file = tmp_path / "agents.yaml"
+    agents_file.write_text(
+        "toolsets: {billing: tests.support.downstream:toolset}\n"
+        "agents:\n"
+        "  unset: {model: {provider: scripted, script: [{final: x}]}, toolsets: [billing]}\n"
+        "  set:\n"
+        "    model: {provider: scripted, script: [{final: x}]}\n"
+        "    toolsets: [billing]\n"
+        "    tool_policy: {on_indeterminate: fail}\n"
+    )
+    plugin = OnceflowPlugin(
+        agents=[chosen_by_plugin, own, agents_file], tool_policy={"on_indeterminate": "pause"}
+    )
+    assert chosen_by_plugin.spec.policy.on_indeterminate == "pause"
+    assert own.spec.policy.on_indeterminate == "fail"
+    assert plugin.registry.agent("unset").spec().policy.on_indeterminate == "pause"
+    assert plugin.registry.agent("set").spec().policy.on_indeterminate == "fail"
+    assert sorted(plugin.registry.agents) == ["own-policy", "policy-from-plugin", "set", "unset"]
+    with pytest.raises(ValueError, match="different defaults"):
+        OnceflowPlugin(agents=[chosen_by_plugin], tool_policy={"on_indeterminate": "fail"})

@@ -32,6 +32,13 @@ OPENAI_WRITES = WriteTools(
 )
 
 
+# The same credit with no tool_policy of its own (see pydantic_ai_agents.DEFAULT_POLICY_WRITES).
+OPENAI_DEFAULT_POLICY_WRITES = WriteTools(
+    [tool for tool in toolset.tools if tool.name == "issue_credit_unreconciled"],
+    agent="openai-agents-billing-default-policy",
+)
+
+
 @activity.defn(name="openai_lookup_order")
 async def lookup_order(order_id: str) -> dict[str, Any]:
     """Look up an order (a read: an activity via activity_as_tool, under its retry policy)."""

@@ -12,7 +12,12 @@ with workflow.unsafe.imports_passed_through():
 
     from onceflow.adapters.host import OnceflowHost
     from onceflow.adapters.openai_agents import write_tools
-    from tests.support.openai_agents_support import LOOKUP_TIMEOUT, OPENAI_WRITES, lookup_order
+    from tests.support.openai_agents_support import (
+        LOOKUP_TIMEOUT,
+        OPENAI_DEFAULT_POLICY_WRITES,
+        OPENAI_WRITES,
+        lookup_order,
+    )
     from tests.support.pydantic_ai_agents import AdapterRunInput, ContinuingRunInput
 
 
@@ -30,6 +35,20 @@ class OpenAIBillingWorkflow(OnceflowHost):
             ],
         )
         async with self.onceflow(tenant=request.tenant, agent=OPENAI_WRITES.agent_name):
+            result = await Runner.run(agent, input=request.model_dump_json())
+        return str(result.final_output)
+
+
+@workflow.defn
+class OpenAIDefaultPolicyWorkflow(OnceflowHost):
+    """OPENAI_DEFAULT_POLICY_WRITES: its writes take the serving plugin's tool_policy."""
+
+    @workflow.run
+    async def run(self, request: AdapterRunInput) -> str:
+        agent: Agent[None] = Agent(
+            name="billing", model="scripted", tools=[*write_tools(OPENAI_DEFAULT_POLICY_WRITES)]
+        )
+        async with self.onceflow(tenant=request.tenant, agent=OPENAI_DEFAULT_POLICY_WRITES.agent_name):
             result = await Runner.run(agent, input=request.model_dump_json())
         return str(result.final_output)
 

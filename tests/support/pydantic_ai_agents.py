@@ -86,6 +86,18 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
     return {"order_id": order_id, "account_id": f"acct_{order_id}", "amount_cents": 1250}
 
 
+# The same credits with no tool_policy of their own: they take the serving OnceflowPlugin's, and
+# that default is `on_indeterminate: fail` (tests/test_adapter_runs.py).
+DEFAULT_POLICY_WRITES = WriteTools(
+    [tool for tool in toolset.tools if tool.name == "issue_credit_unreconciled"],
+    agent="pydantic-ai-billing-default-policy",
+)
+DEFAULT_POLICY_AGENT: Agent[None, str] = Agent(
+    FunctionModel(scripted),
+    name="pydantic_billing_default_policy",
+    capabilities=[TemporalDurability(), OnceflowWrites(DEFAULT_POLICY_WRITES)],
+)
+
 AGENT: Agent[None, str] = Agent(
     FunctionModel(scripted),
     name="pydantic_billing",
@@ -95,5 +107,5 @@ AGENT: Agent[None, str] = Agent(
 
 
 def agent_plugins() -> list[PydanticAIPlugin | AgentPlugin]:
-    """Pydantic AI's plugins for a worker serving AGENT (its activities, its sandbox needs)."""
-    return [PydanticAIPlugin(), AgentPlugin(AGENT)]
+    """Pydantic AI's plugins for a worker serving AGENT and DEFAULT_POLICY_AGENT."""
+    return [PydanticAIPlugin(), AgentPlugin(AGENT), AgentPlugin(DEFAULT_POLICY_AGENT)]

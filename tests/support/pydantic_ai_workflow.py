@@ -8,7 +8,14 @@ with workflow.unsafe.imports_passed_through():
     from pydantic_ai.messages import ModelMessagesTypeAdapter
 
     from onceflow.adapters.host import OnceflowHost
-    from tests.support.pydantic_ai_agents import AGENT, WRITES, AdapterRunInput, ContinuingRunInput
+    from tests.support.pydantic_ai_agents import (
+        AGENT,
+        DEFAULT_POLICY_AGENT,
+        DEFAULT_POLICY_WRITES,
+        WRITES,
+        AdapterRunInput,
+        ContinuingRunInput,
+    )
 
 
 @workflow.defn
@@ -18,6 +25,17 @@ class PydanticBillingWorkflow(OnceflowHost):
         prompt = request.model_dump_json()
         async with self.onceflow(tenant=request.tenant, agent=WRITES.agent_name):
             result = await AGENT.run(prompt)
+        return result.output
+
+
+@workflow.defn
+class PydanticDefaultPolicyWorkflow(OnceflowHost):
+    """DEFAULT_POLICY_AGENT: its writes take the serving plugin's tool_policy."""
+
+    @workflow.run
+    async def run(self, request: AdapterRunInput) -> str:
+        async with self.onceflow(tenant=request.tenant, agent=DEFAULT_POLICY_WRITES.agent_name):
+            result = await DEFAULT_POLICY_AGENT.run(request.model_dump_json())
         return result.output
 
 

@@ -340,12 +340,11 @@ class LedgerBase:
 
     @property
     def is_open(self) -> bool:
-        return not isinstance(self._connections, _NotOpenYet)
+        return not isinstance(self._connections, _NotOpenYet) and not self._connections._closed
 
     async def close(self) -> None:
         """Close the connections (waiting for operations under way); `open` may connect it again."""
         await self._connections.close()
-        self._connections = _NotOpenYet()
 
     def connection(self, operation: str, **attributes: Any) -> _Operation:
         """`async with` a pooled connection inside a `ledger.<operation>` span.

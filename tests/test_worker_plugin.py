@@ -231,3 +231,46 @@ def test_agents_declared_without_a_tool_policy_take_the_plugins_and_its_default_
     assert sorted(plugin.registry.agents) == ["own-policy", "policy-from-plugin", "set", "unset"]
     with pytest.raises(ValueError, match="different defaults"):
         OnceflowPlugin(agents=[chosen_by_plugin], tool_policy={"on_indeterminate": "fail"})
+
+
+async def test_on_a_client_the_plugin_brings_a_converter_for_its_payloads_and_tracing_beside_either_framework(
+    temporal_env: WorkflowEnvironment, database_url: str
+) -> None:
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+    from temporalio.contrib.pydantic import PydanticPayloadConverter
+
+    from onceflow.adapters.heard import OnceflowInterceptor
+    from onceflow.workflows import ALL_WORKFLOWS
+
+    address = temporal_env.client.service_client.config.target_host
+
+    async def client_with(*plugins: Any) -> Client:
+        return await Client.connect(address, namespace=temporal_env.client.namespace, plugins=list(plugins))
+
+    def converter(client: Client) -> str:
+        return client.data_converter.payload_converter_class.__name__
+
+    def tracing(client: Client) -> int:
+        interceptors = client.config(active_config=True).get("interceptors") or []
+        return sum(isinstance(i, TracingInterceptor) for i in interceptors)
+
+    alone = await client_with(OnceflowPlugin())
+    assert alone.data_converter.payload_converter_class is PydanticPayloadConverter and tracing(alone) == 1
+    # The frameworks' converters carry pydantic models too; OpenAI's refuses to follow another one.
+    for plugins in ([openai_agents_plugin(), OnceflowPlugin()], [OnceflowPlugin(), openai_agents_plugin()]):
+        assert converter(await client_with(*plugins)) == "OpenAIPayloadConverter"
+    for plugins in ([PydanticAIPlugin(), OnceflowPlugin()], [OnceflowPlugin(), PydanticAIPlugin()]):
+        assert converter(await client_with(*plugins)) == "PydanticAIPayloadConverter"
+
+    onceflow = OnceflowPlugin(database_url, agents=[WRITES])
+    worker = Worker(
+        await client_with(onceflow), task_queue="never-polled", workflows=[PydanticBillingWorkflow]
+    )
+    config = worker.config(active_config=True)
+    assert set(ALL_WORKFLOWS) <= set(config.get("workflows") or [])
+    names = {getattr(fn, "__name__", "") for fn in config.get("activities") or []}
+    assert {"run_write_tool", "inspect_call", "reconcile_call", "run_compensation"} <= names
+    assert [type(i) for i in config.get("interceptors") or []] == [
+        OnceflowInterceptor
+    ]  # tracing: the client's
+    assert not onceflow.ledger.is_open  # reached only when a worker starts

@@ -111,7 +111,9 @@ async def test_temporal_says_which_runs_are_closed_and_until_when_a_reset_could_
             await asyncio.sleep(0.1)
         else:
             described = await paused.describe()
-            raise AssertionError(f"{key} never waited for approval: {described.status} {await ledger.find(key)}")
+            raise AssertionError(
+                f"{key} never waited for approval: {described.status} {await ledger.find(key)}"
+            )
         await _stored(ledger, never_ran)  # a run whose history the namespace no longer has
         for run_id in (finished.id, paused.id, never_ran):
             assert await _messages(database_url, run_id) > 0

@@ -55,11 +55,12 @@ from peers_onceflow import OnceflowCreditWorkflow
 from peers_openai_agents import CreditModel, OpenAIAgentsCreditWorkflow
 from peers_pydantic_ai import PydanticAICreditWorkflow
 from peers_worker import TASK_QUEUES
+from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
+from temporalio.openai_agents import OpenAIAgentsPlugin
 from temporalio.openai_agents.testing import TestModelProvider
 
-from onceflow.adapters.openai_agents import client_plugins
 from onceflow.examples.billing.client import BillingClient
 from onceflow.local.postgres import create_database
 from onceflow.runtime.client import connect
@@ -112,7 +113,7 @@ class Cpu:
 
 
 async def temporal_call(
-    client: Client, agents_client: Client, system: str, n: int
+    client: Client, pai_client: Client, agents_client: Client, system: str, n: int
 ) -> WorkflowHandle[Any, Any]:
     account = f"acct_peers_{system}_{n}"
     run_id = f"peers-{system}-{n}-{time.time_ns()}"
@@ -127,7 +128,7 @@ async def temporal_call(
         )
         handle = await client.start_workflow(PlainCreditWorkflow.run, request, id=run_id, task_queue=queue)
     elif system == "pydantic-ai":
-        handle = await client.start_workflow(
+        handle = await pai_client.start_workflow(
             PydanticAICreditWorkflow.run, prompt(account), id=run_id, task_queue=queue
         )
     else:
@@ -179,7 +180,7 @@ async def one_system(
     system: str,
     count: int,
     first: int,
-    clients: tuple[Client, Client],
+    clients: tuple[Client, Client, Client],
     worker: Worker,
     cpu: Cpu,
     into: Figures,
@@ -347,10 +348,13 @@ async def bench(args: argparse.Namespace) -> None:
                 agents_path="bench/peers.py",
             )
             client = await connect(settings)
+            pai_client = await Client.connect(
+                info.temporal_address, namespace=info.namespace, plugins=[PydanticAIPlugin()]
+            )
             agents_client = await Client.connect(
                 info.temporal_address,
                 namespace=info.namespace,
-                plugins=client_plugins(model_provider=TestModelProvider(CreditModel())),
+                plugins=[OpenAIAgentsPlugin(model_provider=TestModelProvider(CreditModel()))],
             )
             async with BillingClient(info.billing_url) as billing:
                 await billing.clear_faults()
@@ -358,7 +362,9 @@ async def bench(args: argparse.Namespace) -> None:
             warm = {s: Figures() for s in SYSTEMS}
             n = 0
             for system in SYSTEMS:
-                await one_system(system, args.warmup, n, (client, agents_client), worker, cpu, warm[system])
+                await one_system(
+                    system, args.warmup, n, (client, pai_client, agents_client), worker, cpu, warm[system]
+                )
                 n += args.warmup
             IDLE.update(await idle_rates(cpu, args.idle_seconds))
             print(
@@ -371,7 +377,13 @@ async def bench(args: argparse.Namespace) -> None:
                 turn = round_ % len(SYSTEMS)
                 for system in SYSTEMS[turn:] + SYSTEMS[:turn]:
                     await one_system(
-                        system, args.per_round, n, (client, agents_client), worker, cpu, figures[system]
+                        system,
+                        args.per_round,
+                        n,
+                        (client, pai_client, agents_client),
+                        worker,
+                        cpu,
+                        figures[system],
                     )
                     n += args.per_round
             pairs, pair_cpu = await bare_pairs(info.database_url, args.rounds * args.per_round, cpu)

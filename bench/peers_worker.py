@@ -22,12 +22,12 @@ from peers_dbos import dbos_functions
 from peers_onceflow import ONCEFLOW_WRITES, OnceflowCreditWorkflow
 from peers_openai_agents import CreditModel, OpenAIAgentsCreditWorkflow, agents_credit
 from peers_pydantic_ai import PAI_AGENT, PydanticAICreditWorkflow
+from pydantic_ai.durable_exec.temporal import AgentPlugin, PydanticAIPlugin
 from temporalio.client import Client
+from temporalio.openai_agents import OpenAIAgentsPlugin
 from temporalio.openai_agents.testing import TestModelProvider
 from temporalio.worker import Worker
 
-from onceflow.adapters import openai_agents, pydantic_ai
-from onceflow.adapters.host import sandbox_plugin
 from onceflow.ledger import Ledger
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.client import connect
@@ -68,10 +68,13 @@ async def serve(args: argparse.Namespace) -> None:
         agents_path="bench/peers.py",
     )
     client = await connect(settings)
+    # Each framework as its own documentation sets it up: its plugin on the client, and for
+    # Pydantic AI the agent's plugin on the worker.
+    pai_client = await Client.connect(args.temporal, namespace=args.namespace, plugins=[PydanticAIPlugin()])
     agents_client = await Client.connect(
         args.temporal,
         namespace=args.namespace,
-        plugins=openai_agents.client_plugins(model_provider=TestModelProvider(CreditModel())),
+        plugins=[OpenAIAgentsPlugin(model_provider=TestModelProvider(CreditModel()))],
     )
     ledger = await Ledger.connect(args.database)
     workers = [
@@ -81,7 +84,6 @@ async def serve(args: argparse.Namespace) -> None:
             ONCEFLOW_WRITES.register(AgentRegistry({})),
             task_queue=TASK_QUEUES["onceflow"],
             workflows=[OnceflowCreditWorkflow],
-            plugins=[sandbox_plugin()],  # passes onceflow's modules through, as for any hosting workflow
         ),
         Worker(
             client,
@@ -90,17 +92,16 @@ async def serve(args: argparse.Namespace) -> None:
             activities=[plain_credit],
         ),
         Worker(
-            client,
+            pai_client,
             task_queue=TASK_QUEUES["pydantic-ai"],
             workflows=[PydanticAICreditWorkflow],
-            plugins=pydantic_ai.worker_plugins(PAI_AGENT),
+            plugins=[AgentPlugin(PAI_AGENT)],
         ),
         Worker(
             agents_client,
             task_queue=TASK_QUEUES["openai-agents"],
             workflows=[OpenAIAgentsCreditWorkflow],
             activities=[agents_credit],
-            plugins=openai_agents.worker_plugins(),
         ),
     ]
     DBOS(config={"name": "onceflow-peers", "system_database_url": args.dbos, "log_level": "WARNING"})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -29,6 +30,7 @@ from onceflow.ledger import (
     FailureKind,
     InvalidTransitionError,
     Ledger,
+    OwnerLeaseLiveError,
     ResendDecision,
     Status,
     ToolExecutionRecord,
@@ -70,6 +72,11 @@ class ReconcileActivities:
         began = time.monotonic()
         record = await self.ledger.get(request.key, with_events=False)
         if record.status is not Status.INDETERMINATE:
+            return outcome_from_record(record)
+        if record.lease_expires_at is not None and record.lease_expires_at > datetime.now(UTC):
+            # The attempt that sent it still holds it (its owner timed out and said "unknown", but
+            # the request may still land): a lookup now could find nothing that is about to be
+            # there. Nothing is asked or re-sent before the lease ends; the next round will.
             return outcome_from_record(record)
         tool = self.registry.tool(request.agent, request.tool)
         context = ToolContext(
@@ -207,6 +214,9 @@ class ReconcileActivities:
                 source=EventSource.RECONCILER,
                 failure_kind=failure_kind,
             )
+        except OwnerLeaseLiveError:
+            # Nothing found while the owner's request may still land: no proof; ask again later.
+            return outcome_from_record(await self.ledger.get(record.key, with_events=False))
         except InvalidTransitionError:
             # An operator (or another reconciler) got there first; theirs stands, ours is noted,
             # and if ours contradicts theirs the call is flagged as a conflict.

@@ -22,6 +22,7 @@ from onceflow.ledger.errors import (
     EvidenceRequiredError,
     HeldCallError,
     InvalidTransitionError,
+    OwnerLeaseLiveError,
     RecordNotFoundError,
     ReusedCallError,
 )
@@ -101,7 +102,11 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
         stands, without a second event.
 
         While the reconciler's resend of the call is on the wire, anyone but the reconciler is
-        refused with `ResendInFlightError`, naming the resend and when its lease ends.
+        refused with `ResendInFlightError`, naming the resend and when its lease ends. While the
+        owner's own lease is live (its request may still land), the reconciler may not settle it
+        `failed` (`OwnerLeaseLiveError`): a lookup that finds nothing then proves nothing. Its
+        `completed` (the effect was found) stands at any time. An operator decides on what they
+        checked, and is not held back.
 
         A held call is refused with `HeldCallError` naming its blocker (nothing was sent). Settling a
         call that draws on a budget (it has an `amount`) as failed releases that amount, so a person
@@ -127,6 +132,12 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
             if source is not EventSource.RECONCILER:
                 # The reconciler's resend may be on the wire: its answer settles the call.
                 await refuse_during_resend(conn, key, f"settle as {status.value}")
+            lease_live = row["lease_expires_at"] is not None and not row["owner_gone"]
+            if source is EventSource.RECONCILER and status is Status.FAILED and lease_live:
+                # The owner's own request may still land: a lookup's "not there" is no proof yet.
+                raise OwnerLeaseLiveError(
+                    key, current.value, f"settle as {status.value}", until=row["lease_expires_at"]
+                )
             if (
                 status is Status.FAILED
                 and row["amount"] is not None

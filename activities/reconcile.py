@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -73,11 +72,6 @@ class ReconcileActivities:
         record = await self.ledger.get(request.key, with_events=False)
         if record.status is not Status.INDETERMINATE:
             return outcome_from_record(record)
-        if record.lease_expires_at is not None and record.lease_expires_at > datetime.now(UTC):
-            # The attempt that sent it still holds it (its owner timed out and said "unknown", but
-            # the request may still land): a lookup now could find nothing that is about to be
-            # there. Nothing is asked or re-sent before the lease ends; the next round will.
-            return outcome_from_record(record)
         tool = self.registry.tool(request.agent, request.tool)
         context = ToolContext(
             idempotency_key=record.key,
@@ -106,6 +100,7 @@ class ReconcileActivities:
                     Status.FAILED,
                     reason=f"reconcile hook of {tool.name} proved the effect absent",
                     evidence=found.evidence or None,
+                    after_owner_lease=True,
                 )
         if tool.effect.dedup_window is not None:
             return await self._resend(tool, record, context, began)
@@ -200,6 +195,7 @@ class ReconcileActivities:
         result: Any = None,
         result_reference: str | None = None,
         failure_kind: FailureKind = FailureKind.NOT_APPLIED,
+        after_owner_lease: bool = False,
     ) -> ToolOutcome:
         result, evidence = _keepable(result, evidence)
         try:
@@ -213,9 +209,11 @@ class ReconcileActivities:
                 result_reference=result_reference,
                 source=EventSource.RECONCILER,
                 failure_kind=failure_kind,
+                after_owner_lease=after_owner_lease,
             )
         except OwnerLeaseLiveError:
-            # Nothing found while the owner's request may still land: no proof; ask again later.
+            # The hook found nothing while the owner's own request may still land (its owner timed
+            # out and said "unknown", but the lease is live): no proof yet; the next round asks again.
             return outcome_from_record(await self.ledger.get(record.key, with_events=False))
         except InvalidTransitionError:
             # An operator (or another reconciler) got there first; theirs stands, ours is noted,

@@ -126,9 +126,8 @@ async def test_settling_it_as_completed_needs_no_evidence_because_nothing_is_rel
     assert record.status is Status.COMPLETED
 
 
-async def test_a_reconcile_hooks_verdict_is_evidence_enough(ledger: Ledger, database_url: str) -> None:
+async def test_a_reconcile_hooks_verdict_is_evidence_enough(ledger: Ledger) -> None:
     blocker, _ = await unknown_refund_and_a_held_repeat(ledger)
-    await lease_ended(database_url, blocker)  # before, the reconciler may not say "not there"
     record = await ledger.settle(
         blocker,
         status=Status.FAILED,
@@ -191,7 +190,12 @@ async def test_the_reconciler_may_not_say_not_there_while_the_owners_request_may
     that finds nothing then proves nothing, so the reconciler's `failed` is refused until the lease
     ends; its `completed` (the effect is there) is not. (Found by the model of issue 40, F1.)"""
     blocker, _ = await unknown_refund_and_a_held_repeat(ledger)
-    settle = {"actor": "reconciler", "reason": "lookup", "source": EventSource.RECONCILER}
+    settle = {
+        "actor": "reconciler",
+        "reason": "lookup",
+        "source": EventSource.RECONCILER,
+        "after_owner_lease": True,
+    }
     with pytest.raises(OwnerLeaseLiveError):
         await ledger.settle(blocker, status=Status.FAILED, **settle)  # type: ignore[arg-type]
     assert (await ledger.get(blocker)).status is Status.INDETERMINATE

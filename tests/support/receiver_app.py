@@ -92,7 +92,7 @@ async def transfer(
     """Move money once per key: the row and the key's record commit together."""
     if body.account == "closed":
         raise HTTPException(422, "account closed")  # raised: rolled back, nothing recorded
-    row = await keyed.connection.fetchrow(
+    transfer_id = await keyed.connection.fetchval(
         "INSERT INTO transfers (tenant, key, account, cents) VALUES ($1, $2, $3, $4) RETURNING id",
         keyed.scope,
         keyed.key,
@@ -100,7 +100,7 @@ async def transfer(
         body.cents,
     )
     await hold(hold_seconds, hold_file)
-    return await keyed.respond({"transfer_id": row["id"], "account": body.account, "cents": body.cents}, 201)
+    return await keyed.respond({"transfer_id": transfer_id, "account": body.account, "cents": body.cents}, 201)
 
 
 async def short_transfer(

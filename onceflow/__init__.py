@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         Toolset,
         destructive,
         external,
+        kit_receiver,
         read,
         write,
     )
@@ -50,6 +51,7 @@ _HOMES = {
         "Toolset",
         "destructive",
         "external",
+        "kit_receiver",
         "read",
         "write",
     ],
@@ -80,6 +82,7 @@ __all__ = [
     "connect",
     "destructive",
     "external",
+    "kit_receiver",
     "read",
     "start_run",
     "write",

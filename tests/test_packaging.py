@@ -56,6 +56,8 @@ NEED_AN_EXTRA = {
     "onceflow.examples.billing.problems": "api",
     "onceflow.examples.billing.service": "api",
     "onceflow.examples.billing.serving": "api",
+    "onceflow.receiver.asgi": "receiver",
+    "onceflow.receiver.fastapi": "receiver",
     "onceflow.examples.billing_mcp": "mcp",
     "onceflow.examples.billing_mcp.__main__": "mcp",
     "onceflow.examples.billing_mcp.server": "mcp",

@@ -29,6 +29,7 @@ from onceflow.runtime.client import search_attribute_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LEDGER_DATABASE = "onceflow"
+BILLING_DATABASE = "billing"  # the billing service's credits, requests received and the kit's keys
 NAMESPACE = "default"
 TASK_QUEUE = "drill"
 
@@ -89,14 +90,10 @@ class DrillProcesses:
         self.temporal_address = ""
         self.database_url = ""
         self.billing_url = ""
+        self.billing_database_url = ""
         self._temporal: subprocess.Popen[bytes] | None = None
         self._billing: subprocess.Popen[bytes] | None = None
         self._postgres: EmbeddedPostgres | None = None
-
-    @property
-    def billing_db(self) -> Path:
-        """The billing service's SQLite file: its credits and every request it received."""
-        return self.run_dir / "billing.sqlite3"
 
     async def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -106,10 +103,11 @@ class DrillProcesses:
         self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
         self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
         await migrate(self.database_url)
+        self.billing_database_url = await create_database(self._postgres.dsn, BILLING_DATABASE, if_missing=True)
         billing_port = free_port()
         self.billing_url = f"http://127.0.0.1:{billing_port}"
         billing = [sys.executable, "-m", "onceflow.examples.billing.service", "--port", str(billing_port)]
-        billing += ["--db", str(self.billing_db), "--log-level", "warning"]
+        billing += ["--database-url", self.billing_database_url, "--log-level", "warning"]
         # Honour no key: a key sent twice applies twice, and every request is counted on arrival.
         billing += ["--no-dedup"]
         self._billing = self._spawn("billing", billing)

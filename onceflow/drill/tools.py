@@ -19,7 +19,7 @@ from onceflow import (
     read,
 )
 from onceflow.drill.points import KillPoint, claim, hold
-from onceflow.examples.billing.client import BillingClient
+from onceflow.examples.billing.client import BillingClient, BillingKeyInProgress
 from onceflow.examples.billing.tools import send_credit
 from onceflow.models import Model
 from onceflow.runtime.config import env
@@ -64,7 +64,10 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
 async def find_credit(account_id: str, amount_cents: int, context: ToolContext) -> ReconcileOutcome:
     """Reconcile hook: fence the key, so that "no credit" stays true, or return the credit found."""
     async with _billing(CREDIT_TIMEOUT.total_seconds()) as client:
-        credit = await client.fence_key(context.idempotency_key)
+        try:
+            credit = await client.fence_key(context.idempotency_key)
+        except BillingKeyInProgress:
+            return ReconcileOutcome.unknown(source="billing fence", in_progress=True)
     # Kill point: the hook knows the answer, the ledger does not yet.
     await hold(context.run_id, KillPoint.RECONCILE, context.idempotency_key)
     if credit is None:

@@ -79,9 +79,12 @@ ON CONFLICT (scope, key) DO UPDATE SET state = k.state WHERE k.state <> 'fenced'
 RETURNING {_COLUMNS}
 """
 
+# ON CONFLICT: a writer that takes no lock (a receiver honouring no key) may have inserted the key
+# meanwhile; the fence then waits for it and reports what it left.
 FENCE = f"""
 INSERT INTO onceflow_receiver_keys (scope, key, state)
 VALUES ($1, $2, 'fenced')
+ON CONFLICT (scope, key) DO NOTHING
 RETURNING {_COLUMNS}
 """
 

@@ -196,7 +196,9 @@ class KeyStore:
                 return FenceResult(KeyRecord.from_row(row), fenced_now=False)
             fenced = await conn.fetchrow(queries.FENCE, scope, key)
             if fenced is None:
-                return FenceResult(KeyRecord.from_row(await conn.fetchrow(queries.GET, scope, key)), fenced_now=False)
+                return FenceResult(
+                    KeyRecord.from_row(await conn.fetchrow(queries.GET, scope, key)), fenced_now=False
+                )
         log.info("fenced key %r in scope %r: no record of it", key, scope)
         return FenceResult(KeyRecord.from_row(fenced), fenced_now=True)
 

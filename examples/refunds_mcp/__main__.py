@@ -1,0 +1,3 @@
+from onceflow.examples.refunds_mcp.server import main
+
+main()

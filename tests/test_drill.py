@@ -25,11 +25,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from onceflow.drill.processes import BILLING_DATABASE
-from onceflow.local.postgres import EmbeddedPostgres, dsn_with_database
-
 from onceflow.drill.points import KillPoint
+from onceflow.drill.processes import BILLING_DATABASE
 from onceflow.drill.scenario import INTENT_OF_CALL, ORIGINAL_CALL, OWED_CALL, REISSUE_CALL, WRITE_CALLS
+from onceflow.local.postgres import EmbeddedPostgres, dsn_with_database
 
 # Two runs plan each kill point (plan_runs cycles through them, and one run meets none), so that a
 # random kill that pre-empts one planned kill cannot leave its point unmet.

@@ -74,7 +74,9 @@ AGENTS = {
 
 
 @pytest.fixture(scope="module")
-async def dedup_billing_url(tmp_path_factory: pytest.TempPathFactory, postgres_dsn: str) -> AsyncIterator[str]:
+async def dedup_billing_url(
+    tmp_path_factory: pytest.TempPathFactory, postgres_dsn: str
+) -> AsyncIterator[str]:
     directory: Path = tmp_path_factory.mktemp("billing-dedup")
     processes = ChildProcesses(directory)
     async with billing_database(postgres_dsn) as database_url:

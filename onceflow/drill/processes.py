@@ -103,7 +103,9 @@ class DrillProcesses:
         self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
         self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
         await migrate(self.database_url)
-        self.billing_database_url = await create_database(self._postgres.dsn, BILLING_DATABASE, if_missing=True)
+        self.billing_database_url = await create_database(
+            self._postgres.dsn, BILLING_DATABASE, if_missing=True
+        )
         billing_port = free_port()
         self.billing_url = f"http://127.0.0.1:{billing_port}"
         billing = [sys.executable, "-m", "onceflow.examples.billing.service", "--port", str(billing_port)]

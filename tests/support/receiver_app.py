@@ -100,7 +100,9 @@ async def transfer(
         body.cents,
     )
     await hold(hold_seconds, hold_file)
-    return await keyed.respond({"transfer_id": transfer_id, "account": body.account, "cents": body.cents}, 201)
+    return await keyed.respond(
+        {"transfer_id": transfer_id, "account": body.account, "cents": body.cents}, 201
+    )
 
 
 async def short_transfer(

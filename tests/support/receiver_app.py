@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -26,12 +27,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import asyncpg
+import httpx
 import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from onceflow.receiver import ExpiryPolicy, migrate_receiver
+from onceflow import ToolContext, Toolset, external, kit_receiver
+from onceflow.receiver import ExpiryPolicy, key_header_value, migrate_receiver
 from onceflow.receiver.asgi import IdempotencyMiddleware
 from onceflow.receiver.fastapi import KeyedRequest, Receiver
 
@@ -193,3 +196,29 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- the caller's side: a tool whose receiver is this service, declared in one line -----------------
+
+URL_ENV = "RECEIVER_APP_URL"
+AUTH = {"Authorization": "Bearer acme-token"}  # tenant acme, as the ledger's test calls are
+
+kit_tools = Toolset("kit-transfers")
+
+
+@kit_tools.tool(
+    external(timeout=timedelta(seconds=2)),
+    name="transfer",
+    receiver=kit_receiver(url_env=URL_ENV, headers=AUTH),
+)
+async def send_transfer(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Move money to an account, once per call's key."""
+    async with httpx.AsyncClient(base_url=os.environ[URL_ENV], headers=AUTH, timeout=5) as http:
+        response = await http.post(
+            "/transfers",
+            json={"account": account_id, "cents": amount_cents},
+            headers={"Idempotency-Key": key_header_value(context.idempotency_key)},
+        )
+    response.raise_for_status()
+    answer: dict[str, Any] = response.json()
+    return answer

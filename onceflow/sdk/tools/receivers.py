@@ -11,7 +11,8 @@ The reconciler then asks the receiver itself, by the call's key (the reconcile p
   `in_progress` -> unknown, asked again on the reconciler's backoff; `fenced` -> failed;
 - `absent` (no record) -> fence: atomically, the receiver either hands back the answer of a request
   that completed just now, or records the key as never to be applied; then the call is failed
-  (not applied, `ToolKeyNotFoundError`), which is now a fact and not a guess.
+  (not applied: what a hook raising `ToolKeyNotFoundError` says), which is now a fact and not a
+  guess.
 
 A tool's own answer to a send (and a resend within its dedup window) speaks the same protocol:
 `kit_problem_error()` turns the kit's problem documents into what the write protocol expects.
@@ -77,9 +78,13 @@ class ReceiverKit:
             if name in answer:
                 evidence[name] = answer[name]
         if state == "fenced":
-            raise ToolKeyNotFoundError(
-                f"{self.describe} has no record of the key and has fenced it: it will never be applied "
-                f"({'fenced now' if answer.get('fenced_now') else 'fenced before'})"
+            # What a hook raising ToolKeyNotFoundError says (no record of the key: not applied),
+            # with the receiver's answer kept as the evidence.
+            return ReconcileOutcome.failed(
+                **evidence,
+                no_record_of_key=True,
+                answer=f"{self.describe} has no record of the key and has fenced it: it will never be "
+                f"applied ({'fenced now' if answer.get('fenced_now') else 'fenced before'})",
             )
         if state != "completed":
             return ReconcileOutcome.unknown(**evidence)

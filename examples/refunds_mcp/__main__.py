@@ -1,3 +1,4 @@
 from onceflow.examples.refunds_mcp.server import main
 
-main()
+if __name__ == "__main__":
+    main()

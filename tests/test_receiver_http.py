@@ -200,6 +200,19 @@ async def test_identical_requests_at_once_take_effect_once(http: httpx.AsyncClie
     assert (await effects(http, key))["transfers"] == 1
 
 
+async def test_repeats_of_a_completed_key_at_once_are_all_replayed(http: httpx.AsyncClient) -> None:
+    key = new_key()
+    body = {"account": "a2", "cents": 701}
+    first = await http.post("/transfers", json=body, headers=keyed(key))
+    answers = await asyncio.gather(
+        *(http.post("/transfers", json=body, headers=keyed(key)) for _ in range(12))
+    )
+    # A completed answer needs no lock to be given again: no repeat is told "in progress".
+    assert [a.status_code for a in answers] == [201] * 12
+    assert all(a.headers["Idempotent-Replayed"] == "true" and a.json() == first.json() for a in answers)
+    assert (await effects(http, key))["transfers"] == 1
+
+
 async def test_a_refusal_the_handler_raises_records_nothing(http: httpx.AsyncClient) -> None:
     key = new_key()
     refused = await http.post("/transfers", json={"account": "closed", "cents": 5}, headers=keyed(key))

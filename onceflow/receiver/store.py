@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -180,9 +181,11 @@ class KeyStore:
         """What the store knows about the key: its record, `in_progress` while a transactional
         request with it is in flight, or ABSENT. Read-only: it takes no lock and writes nothing."""
         async with self.pool.acquire() as conn:
-            if await conn.fetchval(queries.LOCK_HELD, scope, key):
-                return KeyRecord(scope, key, KeyState.IN_PROGRESS)
             row = await conn.fetchrow(queries.GET, scope, key)
+            if row is None and await conn.fetchval(queries.LOCK_HELD, scope, key):
+                return KeyRecord(scope, key, KeyState.IN_PROGRESS)
+            if row is None:  # looked again: a request may have committed between the two reads
+                row = await conn.fetchrow(queries.GET, scope, key)
         return KeyRecord.from_row(row) if row is not None else KeyRecord.absent(scope, key)
 
     async def fence(self, scope: str, key: str) -> FenceResult:
@@ -190,6 +193,10 @@ class KeyStore:
         for good); one in progress is reported so, and nothing is written."""
         async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
             if not await conn.fetchval(queries.TRY_LOCK, scope, key):
+                # Someone holds the key: a request in flight, or a replay of a completed key.
+                held = await conn.fetchrow(queries.GET, scope, key)
+                if held is not None and held["state"] != KeyState.IN_PROGRESS:
+                    return FenceResult(KeyRecord.from_row(held), fenced_now=False)
                 return FenceResult(KeyRecord(scope, key, KeyState.IN_PROGRESS), fenced_now=False)
             row = await conn.fetchrow(queries.GET, scope, key)
             if row is not None:
@@ -252,13 +259,29 @@ class KeyStore:
             if row is not None and row["state"] == KeyState.FENCED:
                 raise key_fenced(key)
             return None
+        settled = await self._settled(conn, scope, key, fingerprint)
+        if settled is not None:
+            return settled
         if not await conn.fetchval(queries.TRY_LOCK, scope, key):
             raise key_in_progress(key, self.policy.retry_after_seconds)
         return await self._existing(conn, scope, key, fingerprint)
 
-    async def _existing(self, conn: Connection, scope: str, key: str, fingerprint: str) -> KeyRecord | None:
-        """With the key's lock held: the record to replay, None when the key is free, or a refusal."""
+    async def _settled(self, conn: Connection, scope: str, key: str, fingerprint: str) -> KeyRecord | None:
+        """Before taking the key's lock: a completed answer to replay (or refuse, for another
+        fingerprint) and a fence need no lock, since neither changes; so repeats of a completed key
+        never meet one another as "in progress". None: take the lock and decide under it."""
         row = await conn.fetchrow(queries.GET, scope, key)
+        if row is None or row["state"] == KeyState.IN_PROGRESS or row["expired"]:
+            return None
+        return await self._existing(conn, scope, key, fingerprint, row)
+
+    async def _existing(
+        self, conn: Connection, scope: str, key: str, fingerprint: str, row: Any = None
+    ) -> KeyRecord | None:
+        """With the key's lock held (or `row`, a completed or fenced one, read without it): the
+        record to replay, None when the key is free, or a refusal."""
+        if row is None:
+            row = await conn.fetchrow(queries.GET, scope, key)
         if row is None:
             return None
         record = KeyRecord.from_row(row)
@@ -286,6 +309,9 @@ class KeyStore:
                 if row is not None and row["state"] == KeyState.FENCED:
                     raise key_fenced(key)
                 return KeyRecord.absent(scope, key)
+            settled = await self._settled(conn, scope, key, fingerprint)
+            if settled is not None:
+                return settled
             if not await conn.fetchval(queries.TRY_LOCK, scope, key):
                 raise key_in_progress(key, self.policy.retry_after_seconds)
             replay = await self._existing(conn, scope, key, fingerprint)

@@ -224,3 +224,70 @@ async def test_onceflow_settles_an_unknown_call_through_the_servers_kit(
         )
         assert (late.meta or {}).get(RECEIVER_PROBLEM_META_KEY) == "key-fenced"
         assert await refunds_of(refunds_database, key) == 0
+
+
+# -- agents.yaml's `receiver: kit`, checked before anything runs ------------------------------------
+
+
+def _listed(name: str, read_only: bool) -> Any:
+    from mcp.types import Tool as McpListedTool
+    from mcp.types import ToolAnnotations
+
+    return McpListedTool(
+        name=name,
+        input_schema={"type": "object"},
+        annotations=ToolAnnotations(read_only_hint=read_only, destructive_hint=False),
+    )
+
+
+def test_a_kit_receiver_needs_the_servers_protocol_tools_and_keeps_them_from_the_model() -> None:
+    from onceflow.mcp.runtime import plan_server
+
+    config = McpServerConfig.model_validate({"command": "x", "tools": {"pay": {"receiver": "kit"}}})
+    assert {"onceflow_key_lookup", "onceflow_key_fence"} <= config.declared_tools()
+    plans, errors = plan_server(config, [_listed("pay", False)])
+    assert any("onceflow_key_lookup" in error for error in errors), errors
+
+    listing = [
+        _listed("pay", False),
+        _listed("onceflow_key_lookup", True),
+        _listed("onceflow_key_fence", False),
+    ]
+    plans, errors = plan_server(config, listing)
+    assert errors == []
+    by_name = {plan.name: plan for plan in plans}
+    assert by_name["pay"].receiver_kit and by_name["pay"].offered
+    assert not by_name["onceflow_key_lookup"].offered and not by_name["onceflow_key_fence"].offered
+    # A lookup that does not say it is read-only is not a lookup the kit would serve.
+    lying = [
+        _listed("pay", False),
+        _listed("onceflow_key_lookup", False),
+        _listed("onceflow_key_fence", False),
+    ]
+    assert any("read-only" in error for error in plan_server(config, lying)[1])
+
+
+@pytest.mark.parametrize(
+    ("tools", "problem"),
+    [
+        ({"pay": {"receiver": "kit", "reconcile": "find"}}, "not both"),
+        ({"pay": {"receiver": "other"}}, "kit"),
+    ],
+)
+def test_a_kit_receiver_is_declared_alone_and_by_name(tools: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        McpServerConfig.model_validate({"command": "x", "tools": tools})
+
+
+def test_a_kit_receiver_is_for_writes_only() -> None:
+    from onceflow.mcp.runtime import plan_server
+
+    config = McpServerConfig.model_validate(
+        {"command": "x", "tools": {"look": {"receiver": "kit", "effect": "read"}}}
+    )
+    listing = [
+        _listed("look", True),
+        _listed("onceflow_key_lookup", True),
+        _listed("onceflow_key_fence", False),
+    ]
+    assert any("not reads" in error for error in plan_server(config, listing)[1])

@@ -15,8 +15,6 @@ LOCK_CLASS = 0x6B657973
 # Scope and key joined by a unit separator, a character a key can never hold (keys.check_key).
 _LOCK_TARGET = "hashtext($1 || chr(31) || $2)"
 
-TRY_LOCK = f"SELECT pg_try_advisory_xact_lock({LOCK_CLASS}, {_LOCK_TARGET})"
-
 # Held by someone else right now: a request of the transactional form is in flight. Two-key
 # advisory locks show their keys as oids in classid and objid, with objsubid 2.
 LOCK_HELD = f"""
@@ -32,6 +30,14 @@ _COLUMNS = """scope, key, state, fingerprint, method, path, response_status, res
     response_body, created_at, completed_at, expires_at, coalesce(expires_at <= now(), false) AS expired"""
 
 GET = f"SELECT {_COLUMNS} FROM onceflow_receiver_keys WHERE scope = $1 AND key = $2"
+
+# The key's lock and its row in one round trip (`state` is NULL when there is no row). The row is
+# read in the statement's snapshot: a holder that commits between that snapshot and the lock leaves
+# its row unseen, and then the new record meets the primary key and is refused as in progress.
+TRY_LOCK_AND_GET = f"""
+SELECT pg_try_advisory_xact_lock({LOCK_CLASS}, {_LOCK_TARGET}) AS locked, found.*
+  FROM (SELECT 1) AS one LEFT JOIN ({GET}) AS found ON true
+"""
 
 # An answer past its expiry is no longer honoured: the request that meets it starts afresh.
 DELETE_EXPIRED_ONE = """

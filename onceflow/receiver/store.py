@@ -51,6 +51,10 @@ async def migrate_receiver(dsn_or_conn: str | asyncpg.Connection) -> int:
     return await migrate_component(dsn_or_conn, MIGRATIONS)
 
 
+# Read under the lock, and there was no row (distinct from "not read yet").
+_ABSENT: Any = object()
+
+
 class KeyNotRecordedError(RuntimeError):
     """A keyed transaction ended without `record()`: its writes were rolled back, nothing is kept."""
 
@@ -192,15 +196,16 @@ class KeyStore:
         """Atomically: a completed key is returned; an absent one is recorded fenced (then refused
         for good); one in progress is reported so, and nothing is written."""
         async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
-            if not await conn.fetchval(queries.TRY_LOCK, scope, key):
+            locked = await conn.fetchrow(queries.TRY_LOCK_AND_GET, scope, key)
+            assert locked is not None
+            if not locked["locked"]:
                 # Someone holds the key: a request in flight, or a replay of a completed key.
                 held = await conn.fetchrow(queries.GET, scope, key)
                 if held is not None and held["state"] != KeyState.IN_PROGRESS:
                     return FenceResult(KeyRecord.from_row(held), fenced_now=False)
                 return FenceResult(KeyRecord(scope, key, KeyState.IN_PROGRESS), fenced_now=False)
-            row = await conn.fetchrow(queries.GET, scope, key)
-            if row is not None:
-                return FenceResult(KeyRecord.from_row(row), fenced_now=False)
+            if locked["state"] is not None:
+                return FenceResult(KeyRecord.from_row(locked), fenced_now=False)
             fenced = await conn.fetchrow(queries.FENCE, scope, key)
             if fenced is None:
                 return FenceResult(
@@ -259,21 +264,23 @@ class KeyStore:
             if row is not None and row["state"] == KeyState.FENCED:
                 raise key_fenced(key)
             return None
-        settled = await self._settled(conn, scope, key, fingerprint)
-        if settled is not None:
-            return settled
-        if not await conn.fetchval(queries.TRY_LOCK, scope, key):
-            raise key_in_progress(key, self.policy.retry_after_seconds)
-        return await self._existing(conn, scope, key, fingerprint)
+        return await self._locked(conn, scope, key, fingerprint)
 
-    async def _settled(self, conn: Connection, scope: str, key: str, fingerprint: str) -> KeyRecord | None:
-        """Before taking the key's lock: a completed answer to replay (or refuse, for another
-        fingerprint) and a fence need no lock, since neither changes; so repeats of a completed key
-        never meet one another as "in progress". None: take the lock and decide under it."""
-        row = await conn.fetchrow(queries.GET, scope, key)
-        if row is None or row["state"] == KeyState.IN_PROGRESS or row["expired"]:
-            return None
-        return await self._existing(conn, scope, key, fingerprint, row)
+    async def _locked(self, conn: Connection, scope: str, key: str, fingerprint: str) -> KeyRecord | None:
+        """Take the key's lock and decide under it: the record to replay, None when the key is now
+        this request's, or a refusal. Whoever holds the lock may be replaying a completed key: a
+        completed answer (or a fence) needs no lock, since neither changes, so repeats of a
+        completed key never meet one another as "in progress"."""
+        row = await conn.fetchrow(queries.TRY_LOCK_AND_GET, scope, key)
+        assert row is not None
+        if row["locked"]:
+            return await self._existing(
+                conn, scope, key, fingerprint, row if row["state"] is not None else _ABSENT
+            )
+        held = await conn.fetchrow(queries.GET, scope, key)
+        if held is not None and held["state"] != KeyState.IN_PROGRESS and not held["expired"]:
+            return await self._existing(conn, scope, key, fingerprint, held)
+        raise key_in_progress(key, self.policy.retry_after_seconds)
 
     async def _existing(
         self, conn: Connection, scope: str, key: str, fingerprint: str, row: Any = None
@@ -282,7 +289,7 @@ class KeyStore:
         record to replay, None when the key is free, or a refusal."""
         if row is None:
             row = await conn.fetchrow(queries.GET, scope, key)
-        if row is None:
+        if row is None or row is _ABSENT:
             return None
         record = KeyRecord.from_row(row)
         if record.state is KeyState.FENCED:
@@ -309,12 +316,7 @@ class KeyStore:
                 if row is not None and row["state"] == KeyState.FENCED:
                     raise key_fenced(key)
                 return KeyRecord.absent(scope, key)
-            settled = await self._settled(conn, scope, key, fingerprint)
-            if settled is not None:
-                return settled
-            if not await conn.fetchval(queries.TRY_LOCK, scope, key):
-                raise key_in_progress(key, self.policy.retry_after_seconds)
-            replay = await self._existing(conn, scope, key, fingerprint)
+            replay = await self._locked(conn, scope, key, fingerprint)
             if replay is not None:
                 return replay
             row = await conn.fetchrow(

@@ -43,6 +43,7 @@ NEED_AN_EXTRA = {
     "onceflow.api.console.actions": "api",
     "onceflow.api.console.calls": "api",
     "onceflow.api.console.forms": "api",
+    "onceflow.api.console.receiver": "api",
     "onceflow.api.console.rendering": "api",
     "onceflow.api.console.routes": "api",
     "onceflow.api.problems": "api",
@@ -64,6 +65,7 @@ NEED_AN_EXTRA = {
     "onceflow.examples.billing_mcp": "mcp",
     "onceflow.examples.billing_mcp.__main__": "mcp",
     "onceflow.examples.billing_mcp.server": "mcp",
+    "onceflow.examples.billing_mcp.store": "mcp",  # its package imports the server
     "onceflow.adapters.pydantic_ai": "pydantic-ai",
     "onceflow.examples.pydantic_ai_billing": "pydantic-ai",
     "onceflow.examples.pydantic_ai_billing.__main__": "pydantic-ai",

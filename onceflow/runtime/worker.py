@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.worker import Plugin as WorkerPlugin
 from temporalio.worker import Worker
 
-from onceflow.activities import all_activities, default_identity
+from onceflow.activities import SignalDoor, all_activities, default_identity
 from onceflow.ledger import Ledger, LedgerError, migrate
 from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_models, load_agents
 from onceflow.runtime.client import connect, ensure_search_attributes
@@ -52,10 +52,13 @@ def build_worker(
     activities: Sequence[Callable[..., Any]] = (),
     plugins: Sequence[WorkerPlugin] = (),
     max_cached_workflows: int | None = None,
+    signal_door: SignalDoor | None = None,
 ) -> Worker:
     """`workflows`, `activities` and `plugins`: more to serve beside onceflow's own, such as the
     workflows that host another framework's agent, its read tools' activities and that framework's
-    worker plugin (onceflow/adapters/)."""
+    worker plugin (onceflow/adapters/). `signal_door`: which resolve signals from outside the API
+    may settle a call (activities/signal_door.py); None: open, as in-process workers of tests are;
+    `run_worker` passes the deployment's."""
     identity = identity or default_identity()
     # No more workflow tasks at once than the cache holds (and at least the SDK's minimum of 2): with
     # more, a full cache of runs that all have work pending stalled the worker (seen with a cache of
@@ -66,7 +69,7 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=[*ALL_WORKFLOWS, *workflows],
-        activities=[*all_activities(ledger, registry, identity), *activities],
+        activities=[*all_activities(ledger, registry, identity, signal_door), *activities],
         identity=identity,
         plugins=list(plugins),
         # After shutdown() (SIGTERM) polling stops at once; running activities get this long.
@@ -95,6 +98,14 @@ def max_cached_workflows(text: str) -> int | None:
     return value
 
 
+def signal_door(settings: Settings) -> SignalDoor:
+    """ONCEFLOW_SIGNALS and ONCEFLOW_SIGNAL_KEY, checked: a wrong value stops the worker, named."""
+    try:
+        return SignalDoor.from_settings(settings.signals, settings.signal_key)
+    except ValueError as exc:
+        raise SystemExit(f"cannot start the worker: {exc}") from exc
+
+
 async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[AgentRegistry, Ledger]:
     """What the worker and the API check before serving: agents.yaml loads and the ledger answers
     (migrated). Anything wrong ends the process with a message naming it."""
@@ -120,8 +131,9 @@ def check_configuration(settings: Settings) -> tuple[str | None, str]:
     Temporal or the database. The agents file loads, its toolsets import and every tool keeps the
     contract (load_agents runs the contract check)."""
     try:
+        SignalDoor.from_settings(settings.signals, settings.signal_key)
         registry = load_agents(settings.agents_path)
-    except AgentConfigError as exc:
+    except (AgentConfigError, ValueError) as exc:
         return f"cannot start the worker: {exc}", ""
     tools = registry.all_tools()
     agents = ", ".join(sorted(registry.agents))
@@ -134,6 +146,7 @@ def check_configuration(settings: Settings) -> tuple[str | None, str]:
 
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
+    door = signal_door(settings)
     registry, ledger = await open_agents_and_ledger(settings, "worker")
     mcp_servers: McpToolsets | None = None
     try:
@@ -155,15 +168,17 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
             task_queue=settings.task_queue,
             shutdown_grace=grace,
             max_cached_workflows=max_cached_workflows(settings.max_cached_workflows),
+            signal_door=door,
         )
         agents = ", ".join(sorted(registry.agents))
         async with worker:
             log.info(
-                "worker on %s polling task queue %s; agents: %s; shutdown grace %gs",
+                "worker on %s polling task queue %s; agents: %s; shutdown grace %gs; signals %s",
                 settings.temporal_address,
                 settings.task_queue,
                 agents,
                 grace.total_seconds(),
+                door.mode.value,
             )
             heartbeat = _start_heartbeat(settings, client, ledger, worker)
             try:

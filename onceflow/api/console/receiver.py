@@ -60,7 +60,7 @@ async def ask_the_receiver(request: Request, key: str) -> Response:
     from onceflow.api.console.routes import signed_in
 
     session = signed_in(await forms.current_session(request))
-    answer = await OperatorCalls(request.app, session.token).execution(key)  # the API scopes the tenant
+    answer = await OperatorCalls(request.app, session.operator).execution(key)  # the API scopes the tenant
     if not answer.ok:
         return render(request, "problem.html", {"session": session, "problem": answer.problem}, answer.status)
     call = answer.body

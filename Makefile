@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/queue_at_scale.py
 	$(BIN)/python bench/backlog.py
 	$(BIN)/python bench/client_exit.py
+	$(BIN)/python bench/receiver.py
 
 RUNS ?= 200
 drill: $(STAMP)

@@ -35,6 +35,7 @@ from onceflow.examples.billing.client import (
     BillingPolicyRefused,
     BillingRejected,
 )
+from onceflow.receiver import BadKeyError
 from onceflow.runtime.config import env
 from onceflow.sdk.tools import kit_problem_error
 
@@ -111,6 +112,11 @@ async def send_credit(
     """
     try:
         credit = await client.credit(account_id, amount_cents, idempotency_key=idempotency_key)
+    except BadKeyError as exc:
+        # The header carries 1-255 printable ASCII characters; refused before anything was sent.
+        raise ToolNotAttemptedError(
+            f"the call's key cannot travel as an Idempotency-Key: {exc.reason}"
+        ) from exc
     except BillingLocked as exc:
         raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
     except (BillingConflict, BillingRejected) as exc:

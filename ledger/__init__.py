@@ -22,7 +22,7 @@ from onceflow.ledger.errors import (
     TenantMismatchError,
 )
 from onceflow.ledger.guards import Guard, GuardArgumentError, Heard
-from onceflow.ledger.migrate import migrate
+from onceflow.ledger.migrate import migrate, schema_behind
 from onceflow.ledger.records import (
     RepeatedDecision,
     Reservation,
@@ -95,5 +95,6 @@ __all__ = [
     "looks_like_token",
     "migrate",
     "purge_settled",
+    "schema_behind",
     "unauthenticated_actor",
 ]

@@ -14,18 +14,21 @@ tests/test_drill_checks.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import sqlite3
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from onceflow.drill.points import KillPoint
+from onceflow.drill.processes import BILLING_DATABASE
 from onceflow.drill.scenario import INTENT_OF_CALL, ORIGINAL_CALL, OWED_CALL, REISSUE_CALL, WRITE_CALLS
+from onceflow.local.postgres import EmbeddedPostgres, dsn_with_database
 
 # Two runs plan each kill point (plan_runs cycles through them, and one run meets none), so that a
 # random kill that pre-empts one planned kill cannot leave its point unmet.
@@ -43,27 +46,38 @@ def _drill(tmp_path: Path, *args: str, timeout: float = 220) -> tuple[int, dict[
     return finished.returncode, json.loads(report_path.read_text()), output
 
 
-def credit_requests_per_key(report: dict[str, Any]) -> Counter[str | None]:
-    """Credit requests per Idempotency-Key, read straight from the billing service's SQLite file."""
-    conn = sqlite3.connect(Path(report["run_dir"]) / "billing.sqlite3")
+def billing_rows(report: dict[str, Any], query: str) -> list[tuple[Any, ...]]:
+    """Rows straight from the billing service's own database, which the drill left in its folder:
+    its PostgreSQL is started again on that data, read, and stopped."""
+    server = EmbeddedPostgres(Path(report["run_dir"]) / "postgres")
+
+    async def read() -> list[tuple[Any, ...]]:
+        conn = await asyncpg.connect(dsn_with_database(server.dsn, BILLING_DATABASE))
+        try:
+            return [tuple(row) for row in await conn.fetch(query)]
+        finally:
+            await conn.close()
+
     try:
-        rows = conn.execute(
-            "SELECT idempotency_key FROM received_requests WHERE method = 'POST' AND path = '/credits'"
-        ).fetchall()
+        return asyncio.run(read())
     finally:
-        conn.close()
+        server.stop()
+
+
+def credit_requests_per_key(report: dict[str, Any]) -> Counter[str | None]:
+    """Credit requests per Idempotency-Key, read straight from the billing service's record."""
+    rows = billing_rows(
+        report,
+        "SELECT idempotency_key FROM billing_received_requests WHERE method = 'POST' AND path = '/credits'",
+    )
     return Counter(key for (key,) in rows)
 
 
 def credits_per_intent(report: dict[str, Any]) -> Counter[tuple[str, str, int, str]]:
-    """Credits billing applied per intent, straight from its SQLite file: (run, account, amount, and
-    the intent's first call, since the original and its unheard twin are one intent, the repeat
+    """Credits billing applied per intent, straight from its credits table: (run, account, amount,
+    and the intent's first call, since the original and its unheard twin are one intent, the repeat
     asked after hearing them another)."""
-    conn = sqlite3.connect(Path(report["run_dir"]) / "billing.sqlite3")
-    try:
-        rows = conn.execute("SELECT idempotency_key, account_id, amount_cents FROM credits").fetchall()
-    finally:
-        conn.close()
+    rows = billing_rows(report, "SELECT idempotency_key, account_id, amount_cents FROM billing_credits")
     per_intent: Counter[tuple[str, str, int, str]] = Counter()
     for key, account, amount in rows:
         run_id, call = key.rsplit(":", 1)

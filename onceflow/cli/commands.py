@@ -146,6 +146,29 @@ def api(
     main(host, port, Tls(tls_cert, tls_key) if tls_cert and tls_key else None)
 
 
+@app.command("receiver-drill")
+def receiver_drill(
+    runs: Annotated[int, typer.Option(min=1, help="Agent runs to start, one credit each.")] = 200,
+    seed: Annotated[int, typer.Option(help="Seeds the faults and the random kills.")] = 1,
+    report: Annotated[
+        Path | None, typer.Option(help="JSON report path. Default: in the drill's folder.")
+    ] = None,
+    data_dir: Annotated[Path, typer.Option(help="Each drill gets a fresh folder in here.")] = Path(
+        ".onceflow/drills"
+    ),
+    concurrency: Annotated[int, typer.Option(min=1, help="Runs in flight at once.")] = 8,
+    timeout: Annotated[float, typer.Option(help="Seconds before runs still going count as lost.")] = 1800,
+) -> None:
+    """Receiver drill: a receiver whose only dedup is onceflow's receiver kit, workers AND the
+    receiver SIGKILLed at random; then effects per key, and unknown calls made, settled by the kit, left."""
+    from onceflow.drill.kit import KitDrillConfig, run_kit_drill_from_cli
+
+    config = KitDrillConfig(
+        runs=runs, seed=seed, data_dir=data_dir, report=report, concurrency=concurrency, timeout=timeout
+    )
+    raise typer.Exit(run_kit_drill_from_cli(config))
+
+
 @app.command()
 def drill(
     runs: Annotated[int, typer.Option(min=1, help="Agent runs to start.")] = 200,

@@ -29,6 +29,7 @@ from onceflow.runtime.client import search_attribute_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LEDGER_DATABASE = "onceflow"
+BILLING_DATABASE = "billing"  # the billing service's credits, requests received and the kit's keys
 NAMESPACE = "default"
 TASK_QUEUE = "drill"
 
@@ -76,8 +77,13 @@ class DrillProcesses:
         *,
         sabotage: bool = False,
         sabotage_intent: str | None = None,
+        receiver_kit: bool = False,
     ) -> None:
         self.run_dir = run_dir
+        # The receiver drill (onceflow/drill/kit.py): billing's only dedup is the receiver kit, and
+        # billing itself gets killed; otherwise billing honours no key, so every send is counted.
+        self.receiver_kit = receiver_kit
+        self.billing_kills = 0
         # Tests of the drill only: start the broken worker of sabotage.py instead of worker.py.
         self.worker_command = ["-m", "onceflow.drill.sabotage"] if sabotage else ["worker.py"]
         # Tests of the drill only: the credit tool declared with this intent instead (tools.py).
@@ -89,14 +95,11 @@ class DrillProcesses:
         self.temporal_address = ""
         self.database_url = ""
         self.billing_url = ""
+        self.billing_database_url = ""
+        self._billing_port = 0
         self._temporal: subprocess.Popen[bytes] | None = None
         self._billing: subprocess.Popen[bytes] | None = None
         self._postgres: EmbeddedPostgres | None = None
-
-    @property
-    def billing_db(self) -> Path:
-        """The billing service's SQLite file: its credits and every request it received."""
-        return self.run_dir / "billing.sqlite3"
 
     async def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -106,17 +109,42 @@ class DrillProcesses:
         self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
         self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
         await migrate(self.database_url)
-        billing_port = free_port()
-        self.billing_url = f"http://127.0.0.1:{billing_port}"
-        billing = [sys.executable, "-m", "onceflow.examples.billing.service", "--port", str(billing_port)]
-        billing += ["--db", str(self.billing_db), "--log-level", "warning"]
-        # Honour no key: a key sent twice applies twice, and every request is counted on arrival.
-        billing += ["--no-dedup"]
-        self._billing = self._spawn("billing", billing)
+        self.billing_database_url = await create_database(
+            self._postgres.dsn, BILLING_DATABASE, if_missing=True
+        )
+        self._billing_port = free_port()
+        self.billing_url = f"http://127.0.0.1:{self._billing_port}"
+        self._billing = self._spawn("billing", self._billing_command())
         await self._wait_for_temporal()
         await self._wait_for_billing()
         for slot in self.slots:
             self.start_worker(slot)
+
+    def _billing_command(self) -> list[str]:
+        billing = [
+            sys.executable,
+            "-m",
+            "onceflow.examples.billing.service",
+            "--port",
+            str(self._billing_port),
+        ]
+        billing += ["--database-url", self.billing_database_url, "--log-level", "warning"]
+        if not self.receiver_kit:
+            # Honour no key: a key sent twice applies twice, and every request is counted on arrival.
+            billing += ["--no-dedup"]
+        return billing
+
+    async def kill_billing(self) -> None:
+        """SIGKILL the billing service (whatever it holds in flight) and reap it."""
+        if self._billing is not None:
+            kill_group(self._billing)
+            await asyncio.to_thread(self._billing.wait)
+            self.billing_kills += 1
+
+    async def restart_billing(self) -> None:
+        """Start billing again on the same port and database, and wait until it answers."""
+        self._billing = self._spawn("billing", self._billing_command())
+        await self._wait_for_billing()
 
     def _temporal_command(self, port: int) -> list[str]:
         cli = Path(sys.executable).parent / "temporal"

@@ -16,10 +16,11 @@ from onceflow import (
     ToolContext,
     Toolset,
     external,
+    kit_receiver,
     read,
 )
 from onceflow.drill.points import KillPoint, claim, hold
-from onceflow.examples.billing.client import BillingClient
+from onceflow.examples.billing.client import BillingClient, BillingKeyInProgress
 from onceflow.examples.billing.tools import send_credit
 from onceflow.models import Model
 from onceflow.runtime.config import env
@@ -64,7 +65,10 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
 async def find_credit(account_id: str, amount_cents: int, context: ToolContext) -> ReconcileOutcome:
     """Reconcile hook: fence the key, so that "no credit" stays true, or return the credit found."""
     async with _billing(CREDIT_TIMEOUT.total_seconds()) as client:
-        credit = await client.fence_key(context.idempotency_key)
+        try:
+            credit = await client.fence_key(context.idempotency_key)
+        except BillingKeyInProgress:
+            return ReconcileOutcome.unknown(source="billing fence", in_progress=True)
     # Kill point: the hook knows the answer, the ledger does not yet.
     await hold(context.run_id, KillPoint.RECONCILE, context.idempotency_key)
     if credit is None:
@@ -86,6 +90,22 @@ async def issue_credit(account_id: str, amount_cents: int, context: ToolContext)
     # Kill point: billing answered, the outcome is not recorded yet.
     await hold(context.run_id, KillPoint.AFTER_ANSWER, key, tool_call_id=context.tool_call_id)
     return credit
+
+
+# The receiver drill (onceflow/drill/kit.py): the credit as an application declares it when its
+# receiver is on onceflow's receiver kit: one line, and no reconcile hook of its own.
+kit_toolset = Toolset("drill-kit")
+
+
+@kit_toolset.tool(
+    external(timeout=CREDIT_TIMEOUT),
+    name="issue_credit",
+    receiver=kit_receiver(url_env="ONCEFLOW_BILLING_URL", timeout=CREDIT_TIMEOUT.total_seconds()),
+)
+async def kit_issue_credit(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Credit an account, in cents, once, with the call's idempotency key."""
+    async with _billing(CREDIT_TIMEOUT.total_seconds() + 1) as client:
+        return await send_credit(client, account_id, amount_cents, context.idempotency_key)
 
 
 class HoldingModel:

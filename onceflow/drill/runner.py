@@ -155,9 +155,10 @@ class Drill:
                     in_flight.append(await self._start(client, billing, plan, markers))
                 await self._observe(client, killer.ledger, in_flight)
                 await killer.replace_exited()
-                # Random kills go on while planned points wait to be reached and walks go on; the
-                # tail then runs out undisturbed (each kill can cost a run a minute of activity timeouts).
-                if not pending and not self._points_waiting(markers) and not self._walking():
+                # Random kills go on while planned points wait to be reached (walks started by then
+                # have met them too); the tail then runs out undisturbed (each kill can cost a run a
+                # minute of activity timeouts).
+                if not pending and not self._points_waiting(markers):
                     stop_chaos.set()
                 if not pending and all(t.end is not None for t in self.tracked.values()):
                     return
@@ -173,9 +174,6 @@ class Drill:
             for task in walking:
                 task.cancel()
             await asyncio.gather(*walking, return_exceptions=True)
-
-    def _walking(self) -> bool:
-        return any(t.walk is not None and not t.walk.done for t in self.tracked.values())
 
     def _points_waiting(self, markers: Path) -> bool:
         """Is any armed point still to be reached by a run that goes on?"""

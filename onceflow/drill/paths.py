@@ -252,3 +252,36 @@ def judge_reset(
             flag(f"the credit asked as {intent.intent} was paid {intent.applied} times", INTENT_INVARIANT)
     check.walked = reset_made and outcome == "completed" and bool(check.reissues)
     return check
+
+
+def path_figures(
+    path: RunPath,
+    checks: Sequence[PathCheck],
+    walks: Sequence[Walk],
+    *,
+    keys_sent_twice: int,
+    intents_paid_twice: int,
+) -> dict[str, int]:
+    """What the drill did on one path's runs and what became of their re-issues, for the report."""
+    figures = {
+        "runs": len(checks),
+        "walked": sum(1 for c in checks if c.walked),
+        "walks_failed": sum(1 for w in walks if w.error),
+    }
+    if path is RunPath.CONFLICT:
+        figures["late_reports"] = sum(1 for w in walks if w.late_report)
+        figures["conflicts_acknowledged"] = sum(1 for w in walks if w.acknowledged)
+    else:
+        figures["resets_made"] = sum(1 for w in walks if w.reset_to)
+        figures["resets_in_flight"] = sum(1 for w in walks if w.reset_to and w.moment == "in_flight")
+    return figures | {
+        "reissues": sum(len(c.reissues) for c in checks),
+        "reissues_held": sum(len(c.held) for c in checks),
+        "reissues_handed_their_original": sum(len(c.reused) for c in checks),
+        "reissues_sent": sum(len(c.sent) for c in checks),
+        "credit_ids_told_twice": sum(c.credit_ids_told_twice for c in checks),
+        "told_another_calls_credit": sum(c.told_another_result for c in checks),
+        "credits_paid_never_told": sum(c.untold_credits for c in checks),
+        "keys_sent_more_than_once": keys_sent_twice,
+        "intents_applied_more_than_once": intents_paid_twice,
+    }

@@ -51,6 +51,7 @@ from temporalio.service import RPCError
 
 from onceflow.drill.intents import AppliedCredit
 from onceflow.drill.judge import CHECKED_BY_RECORDS, Downstream, RunCheck, RunEnd, check_run
+from onceflow.drill.paths import path_figures
 from onceflow.drill.points import KillPoint, still_armed
 from onceflow.drill.scenario import OWED_CALL, REISSUE_CALL, TENANT, DrillConfig, PlannedRun, RunPath
 from onceflow.drill.sends import EVENTS, reruns_by_key
@@ -334,10 +335,16 @@ async def collect_report(
         counts["runs"] += 1
         counts["keys_sent_more_than_once"] += sum(1 for c in run.calls if c.extra_sends)
         counts["intents_applied_more_than_once"] += sum(1 for i in run.intents if i.applied > 1)
-    paths = {
-        path.value: _path_figures([run for run in runs if run.path and run.path.path == path.value], walks)
-        for path in RunPath
-    }
+    paths = {}
+    for path in RunPath:
+        mine = [run for run in runs if run.path is not None and run.path.path == path.value]
+        paths[path.value] = path_figures(
+            path,
+            [run.path for run in mine if run.path is not None],
+            [walks[run.run_id] for run in mine if run.run_id in walks],
+            keys_sent_twice=sum(1 for run in mine for c in run.calls if c.extra_sends),
+            intents_paid_twice=sum(1 for run in mine for i in run.intents if i.applied > 1),
+        )
     command = {
         "runs": config.runs,
         "seed": config.seed,
@@ -367,31 +374,3 @@ async def collect_report(
         by_kind=by_kind,
         paths=paths,
     )
-
-
-def _path_figures(runs: list[RunCheck], walks: dict[str, Walk]) -> dict[str, int]:
-    """What the drill did on one path's runs and what became of their re-issues."""
-    checks = [run.path for run in runs if run.path is not None]
-    done = [walks[run.run_id] for run in runs if run.run_id in walks]
-    figures = {
-        "runs": len(runs),
-        "walked": sum(1 for c in checks if c.walked),
-        "walks_failed": sum(1 for w in done if w.error),
-    }
-    if runs and runs[0].point == RunPath.CONFLICT.value:
-        figures["late_reports"] = sum(1 for w in done if w.late_report)
-        figures["conflicts_acknowledged"] = sum(1 for w in done if w.acknowledged)
-    else:
-        figures["resets_made"] = sum(1 for w in done if w.reset_to)
-    figures |= {
-        "reissues": sum(len(c.reissues) for c in checks),
-        "reissues_held": sum(len(c.held) for c in checks),
-        "reissues_handed_their_original": sum(len(c.reused) for c in checks),
-        "reissues_sent": sum(len(c.sent) for c in checks),
-        "credit_ids_told_twice": sum(c.credit_ids_told_twice for c in checks),
-        "told_another_calls_credit": sum(c.told_another_result for c in checks),
-        "credits_paid_never_told": sum(c.untold_credits for c in checks),
-        "keys_sent_more_than_once": sum(1 for run in runs for c in run.calls if c.extra_sends),
-        "intents_applied_more_than_once": sum(1 for run in runs for i in run.intents if i.applied > 1),
-    }
-    return figures

@@ -72,6 +72,7 @@ async def reset_to(client: Client, workflow_id: str, run_id: str, event_id: int,
 async def walk_reset(plan: PlannedRun, walk: Walk, *, client: Client, billing: BillingClient) -> None:
     """Reset one run at its planned moment (the module docstring); never raises."""
     moment, turn = plan.condition["moment"], int(plan.condition["turn"])
+    walk.moment = moment
     handle = client.get_workflow_handle(plan.run_id)
     try:
         if moment == "done":

@@ -39,7 +39,9 @@ class Walk:
     late_report: str | None = None
     acknowledged: bool = False
     retry_status_at_acknowledgement: str | None = None
-    # Reset runs: the Temporal run that was reset, the event it was reset to, and the new run.
+    # Reset runs: the moment planned, the Temporal run that was reset, the event it was reset to,
+    # and the new run.
+    moment: str | None = None
     reset_from: str | None = None
     reset_event_id: int | None = None
     reset_to: str | None = None

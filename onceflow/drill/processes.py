@@ -130,7 +130,9 @@ class DrillProcesses:
         api_port = free_port()
         self.api_url = f"http://127.0.0.1:{api_port}"
         api = [sys.executable, "-m", "onceflow", "api", "--port", str(api_port)]
-        self._api = self._spawn("api", api, self.worker_environment("api"))
+        # No /metrics listener: its default port is fixed, and drills and tests share the machine.
+        environment = {**self.worker_environment("api"), "ONCEFLOW_API_METRICS_PORT": "0"}
+        self._api = self._spawn("api", api, environment)
         await self._wait_for(self.api_url + "/healthz", "the operator API", self._api)
         for slot in self.slots:
             self.start_worker(slot)

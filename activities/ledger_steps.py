@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from onceflow.activities.held import wake_held
 from onceflow.activities.outcomes import outcome_from_record
 from onceflow.activities.sending import record_outcome
+from onceflow.activities.signal_door import SignalDoor, SignalRefused
 from onceflow.ledger import (
     AlreadySettledError,
     EventSource,
@@ -32,8 +35,11 @@ APPROVAL_DEADLINE_ACTOR = "onceflow:approval-deadline"
 
 
 class LedgerActivities:
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, door: SignalDoor | None = None) -> None:
         self.ledger = ledger
+        # In-process workers (tests, benchmarks) default to an open door; `onceflow worker` passes
+        # the deployment's (ONCEFLOW_SIGNALS, default verified).
+        self.door = door or SignalDoor()
 
     @activity.defn(name="inspect_call")
     async def inspect_call(self, ref: CallRef) -> ToolOutcome | None:
@@ -68,12 +74,30 @@ class LedgerActivities:
         A resolve that lost to an earlier decision is not an error for the run (the ledger's answer
         stands and the run acts on it), but it is reported back as `refused`, naming the winner.
         Nobody authenticated the signal's actor: it is recorded as `signal:<name>` (or `update:`),
-        with the name as typed kept in the event's detail.
+        with the name as typed kept in the event's detail; with an operator assertion, the name is
+        the one the API signed. A resolve with a status must first get through the signal door
+        (activities/signal_door.py); one it refuses changes nothing and fails this activity.
         """
         signal = request.signal
         source = EventSource(request.source)
         actor = unauthenticated_actor(source, signal.actor)
         refused = None
+        detail = {"claimed_actor": signal.actor} if signal.actor != actor else {}
+        if signal.status is not None:
+            try:
+                asserted = self.door.admit(
+                    tenant=request.tenant, key=signal.key, assertion=signal.assertion, now=datetime.now(UTC)
+                )
+            except SignalRefused as exc:
+                activity.logger.warning(
+                    "resolve of %s by %s refused at the signal door: %s", signal.key, actor, exc
+                )
+                raise ApplicationError(
+                    f"resolve by {actor} refused: {exc}", type="SignalRefused", non_retryable=True
+                ) from None
+            if asserted is not None:
+                actor = unauthenticated_actor(source, asserted)
+                detail = {"claimed_actor": signal.actor, "asserted_operator": asserted}
         try:
             if signal.status is not None:
                 await self.ledger.settle(
@@ -85,7 +109,7 @@ class LedgerActivities:
                     result=signal.result,
                     tenant=request.tenant,
                     source=source,
-                    detail={"claimed_actor": signal.actor} if signal.actor != actor else None,
+                    detail=detail or None,
                 )
             record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
         except ReasonRequiredError as exc:

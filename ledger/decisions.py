@@ -25,7 +25,7 @@ from onceflow.ledger.errors import (
     RecordNotFoundError,
     ReusedCallError,
 )
-from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.records import ToolExecutionRecord, repeated_decision, to_record
 from onceflow.ledger.resends import refuse_during_resend
 from onceflow.ledger.status import EventSource, FailureKind, Status
 
@@ -60,11 +60,14 @@ class LockedDecisions(LedgerBase):
         current = Status(row["status"])
         if current is Status.HELD:
             return HeldCallError(row["key"], wanted, held_by=row["held_by"], hold_reason=row["hold_reason"])
-        decided_by, decided_at = row["settled_by"], row["settled_at"]
+        decided_by, decided_at, reason = row["settled_by"], row["settled_at"], row["reason"]
         if decided_by is None and row["approved_at"] is not None:
-            decided_by, decided_at = row["approved_by"], row["approved_at"]
+            # An approval's reason is on its event, not the row.
+            decided_by, decided_at, reason = row["approved_by"], row["approved_at"], None
         error_type = AlreadySettledError if decided_by else InvalidTransitionError
-        return error_type(row["key"], current.value, wanted, settled_by=decided_by, settled_at=decided_at)
+        return error_type(
+            row["key"], current.value, wanted, settled_by=decided_by, settled_at=decided_at, reason=reason
+        )
 
 
 class OperatorDecisions(ConflictFlags, LockedDecisions):
@@ -119,7 +122,7 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
                 if _same_settlement(
                     row, status=status, actor=actor, reason=reason, evidence=evidence, result=result
                 ):
-                    return to_record(row)
+                    return repeated_decision(row)
                 raise self._refuse(row, f"settle as {status.value}")
             if source is not EventSource.RECONCILER:
                 # The reconciler's resend may be on the wire: its answer settles the call.

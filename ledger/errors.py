@@ -62,6 +62,7 @@ class InvalidTransitionError(LedgerError):
         *,
         settled_by: str | None = None,
         settled_at: datetime | None = None,
+        reason: str | None = None,
     ) -> None:
         detail = f"key {key!r} is {current_status}"
         if settled_by:
@@ -72,6 +73,7 @@ class InvalidTransitionError(LedgerError):
         self.current_status = current_status
         self.settled_by = settled_by
         self.settled_at = settled_at
+        self.reason = reason  # the one the decider gave, when the record keeps it
 
 
 class AlreadySettledError(InvalidTransitionError):

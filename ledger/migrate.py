@@ -160,3 +160,37 @@ async def _report_isolation(conn: asyncpg.Connection) -> None:
             "onceflow_guarded_reserve must do the same",
             level,
         )
+
+
+async def schema_behind(dsn_or_conn: str | asyncpg.Connection) -> list[str]:
+    """What `migrate` would still change, without changing anything: the numbered migrations not
+    applied and the definitions whose text is not the one applied. Empty: the schema is this code's."""
+    conn = await asyncpg.connect(dsn_or_conn) if isinstance(dsn_or_conn, str) else dsn_or_conn
+    try:
+        version = conn.get_server_version()
+        check_server((version.major, version.minor))
+        tables = {
+            r["name"]
+            for r in await conn.fetch(
+                "SELECT tablename AS name FROM pg_tables WHERE schemaname = current_schema()"
+                " AND tablename IN ('onceflow_schema_version', 'onceflow_definitions')"
+            )
+        }
+        current = 0
+        if "onceflow_schema_version" in tables:
+            current = await conn.fetchval("SELECT version FROM onceflow_schema_version") or 0
+        applied: dict[str, str] = {}
+        if "onceflow_definitions" in tables:
+            applied = {
+                r["name"]: r["sha256"]
+                for r in await conn.fetch("SELECT name, sha256 FROM onceflow_definitions")
+            }
+    finally:
+        if isinstance(dsn_or_conn, str):
+            await conn.close()
+    behind = [m.path.name for m in discover() if m.version > current]
+    for definition in discover_definitions():
+        digest = hashlib.sha256(definition.path.read_text().encode()).hexdigest()
+        if applied.get(definition.name) != digest:
+            behind.append(f"definitions/{definition.path.name}")
+    return behind

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from onceflow.ledger import ToolExecutionRecord
     from onceflow.runtime.client import connect, start_run
+    from onceflow.runtime.plugin import OnceflowPlugin, OnceflowStartupError
     from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
     from onceflow.sdk.testing import assert_tool_contract
     from onceflow.sdk.tools import (
@@ -56,6 +57,7 @@ _HOMES = {
     "onceflow.sdk.testing": ["assert_tool_contract"],
     "onceflow.sdk.payloads": ["AgentRunInput", "AgentRunResult"],
     "onceflow.runtime.client": ["connect", "start_run"],
+    "onceflow.runtime.plugin": ["OnceflowPlugin", "OnceflowStartupError"],
     "onceflow.ledger": ["ToolExecutionRecord"],
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
@@ -66,6 +68,8 @@ __all__ = [
     "Effect",
     "Guards",
     "InvalidToolArgumentsError",
+    "OnceflowPlugin",
+    "OnceflowStartupError",
     "OutcomeStatus",
     "ReconcileOutcome",
     "Tool",

@@ -132,11 +132,18 @@ def migrate(database_url: Annotated[str | None, typer.Option(envvar="ONCEFLOW_DA
 def api(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="ONCEFLOW_API_PORT", help="Port to listen on.")] = 8082,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="Serve HTTPS with this certificate (PEM); needs --tls-key.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="The certificate's private key (PEM).")] = None,
 ) -> None:
-    """Serve the operator API (list, resolve, approve, deny, compensate); OpenAPI at /openapi.json."""
-    from onceflow.api.server import main
+    """Serve the operator API (list, resolve, approve, deny, compensate) and its console; OpenAPI at
+    /openapi.json; /metrics on ONCEFLOW_API_METRICS_HOST:ONCEFLOW_API_METRICS_PORT."""
+    from onceflow.api.server import Tls, main
 
-    main(host, port)
+    if (tls_cert is None) != (tls_key is None):
+        raise typer.BadParameter("give both --tls-cert and --tls-key, or neither", param_hint="--tls-cert")
+    main(host, port, Tls(tls_cert, tls_key) if tls_cert and tls_key else None)
 
 
 @app.command()

@@ -11,6 +11,7 @@ import asyncio
 import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -48,6 +49,7 @@ class StackConfig:
     api_port: int = 8082
     host: str = "127.0.0.1"
     worker: bool = True
+    api_metrics_port: int = 0  # the API's /metrics listener; 0: none (`onceflow dev` says 9466)
 
 
 @dataclass
@@ -62,6 +64,7 @@ class StackInfo:
     ui_url: str | None
     api_url: str | None = None
     pid: int = field(default_factory=os.getpid)
+    api_metrics_url: str | None = None  # where Prometheus would scrape the API
 
     def environment(self) -> dict[str, str]:
         found = {
@@ -152,10 +155,24 @@ class DevStack:
             billing_url=billing_url,
             ui_url=ui_url,
             api_url=f"http://{cfg.host}:{cfg.api_port}",
+            api_metrics_url=f"http://{cfg.host}:{cfg.api_metrics_port}/metrics"
+            if cfg.api_metrics_port
+            else None,
         )
         await _wait_for_temporal(info)
         await _wait_for_http(f"{billing_url}/health", "the billing service", self.check_alive)
-        app_env = {**os.environ, **info.environment(), "ONCEFLOW_AGENTS": self._agents_path()}
+        app_env = {
+            **os.environ,
+            **info.environment(),
+            "ONCEFLOW_AGENTS": self._agents_path(),
+            "ONCEFLOW_API_METRICS_HOST": cfg.host,
+            "ONCEFLOW_API_METRICS_PORT": str(cfg.api_metrics_port),
+            # A laptop's stack: resolve signals from the `temporal` CLI settle calls as they are
+            # (README), unless the environment says otherwise. Its worker and API share a signing
+            # key drawn for this stack, so operator assertions work here too.
+            "ONCEFLOW_SIGNALS": os.environ.get("ONCEFLOW_SIGNALS") or "open",
+            "ONCEFLOW_SIGNAL_KEY": os.environ.get("ONCEFLOW_SIGNAL_KEY") or secrets.token_urlsafe(32),
+        }
         if cfg.worker:
             self._spawn("worker", [sys.executable, "-m", "onceflow.runtime.worker"], env=app_env)
         self._spawn(

@@ -212,6 +212,7 @@ def attach_tools(registry: AgentRegistry, tools: dict[str, list[McpTool]]) -> No
         problems = limit_source_problems(agent.tools)
         if problems:
             raise AgentConfigError(registry.path, "; ".join(problems), agent.name)
+    registry.mcp_attached = True
 
 
 async def start_mcp_toolsets(registry: AgentRegistry) -> McpToolsets:

@@ -266,13 +266,19 @@ def test_a_drill_whose_workers_send_a_write_twice_fails_and_counts_the_keys(tmp_
 def test_a_drill_whose_credit_tool_declares_another_intent_fails_the_intent_check(
     tmp_path: Path, intent: str
 ) -> None:
-    # No kills and no faults on these two runs: each first credit completes. Declared `allow`, its
-    # unheard twin is sent under its own key and paid again; declared `reuse`, the repeat the model
-    # asked after hearing both is handed their result, so a credit owed is never paid.
+    # No kills and no planned faults on the first two runs: each first credit completes. Declared
+    # `allow`, its unheard twin is sent under its own key and paid again; declared `reuse`, the
+    # repeat the model asked after hearing both is handed their result, so a credit owed is never
+    # paid. Under `allow` a conflict run and a reset run go with them (one drill, not two): the
+    # retry the model asked after it was told "failed" is sent while the first credit's conflict is
+    # open (two credits for one intent, and the retry is told its own credit, not the first's), and
+    # the re-issues after the reset are sent again (paid beyond the two credits the model asked for).
+    paths = ("--only", "model", "--only", "before_send", "--only", "conflict", "--only", "reset")
     code, report, output = _drill(
         tmp_path,
-        *("--runs", "2", "--seed", "3", "--timeout", "120", "--concurrency", "2"),
-        *("--no-random-kills", "--no-planned-kills", "--sabotage-intent", intent),
+        *("--runs", "4" if intent == "allow" else "2", "--seed", "3", "--timeout", "150"),
+        *("--concurrency", "4", "--no-random-kills", "--no-planned-kills", "--sabotage-intent", intent),
+        *(paths if intent == "allow" else ()),
     )
     assert code == 1, output
     assert not report["ok"]
@@ -283,41 +289,29 @@ def test_a_drill_whose_credit_tool_declares_another_intent_fails_the_intent_chec
     assert invariants["at_most_one_effect_per_key"] is True, invariants
     assert max(credit_requests_per_key(report).values()) == 1
     paid = credits_per_intent(report)
-    runs = sorted(run["run_id"] for run in report["runs"])
+    runs = sorted(run["run_id"] for run in report["runs"] if run["point"] not in PATHS)
     if intent == "allow":
-        assert report["totals"]["intents_applied_more_than_once"] == 2, report["totals"]
         twice = sorted(
             run_id for (run_id, _, _, first), n in paid.items() if n > 1 and first == ORIGINAL_CALL
         )
         assert twice == runs, paid
+        check_paths_failed(report)
     else:
+        assert report["totals"]["intents_applied_more_than_once"] == 0, report["totals"]
         assert report["totals"]["owed_repeats_paid"] == 0, report["totals"]
         assert not any(first == OWED_CALL for (_, _, _, first) in paid), paid
         assert all(f"{run_id}:{OWED_CALL} was asked after the model heard" in output for run_id in runs)
     assert "SABOTAGED" in output
 
 
-def test_a_drill_whose_credit_tool_lets_every_repeat_through_fails_on_the_conflict_and_reset_runs(
-    tmp_path: Path,
-) -> None:
-    # One conflict run and one reset run, no kills. Declared `allow`, the retry the model asked after
-    # it was told "failed" is sent while the first credit's conflict is open (two credits for one
-    # intent, and the retry is told its own credit, not the first's), and the re-issues after the
-    # reset are sent again (paid beyond the two credits the model asked for, never told).
-    code, report, output = _drill(
-        tmp_path,
-        *("--runs", "2", "--seed", "3", "--timeout", "150", "--concurrency", "2"),
-        *("--no-random-kills", "--no-planned-kills", "--sabotage-intent", "allow"),
-        *("--only", "conflict", "--only", "reset"),
-    )
-    assert code == 1, output
-    invariants = report["invariants"]
-    assert invariants["no_intent_applied_more_than_once"] is False, invariants
-    assert invariants["reissues_told_their_own_original"] is False, invariants
-    assert invariants["no_key_sent_more_than_once"] is True, invariants
-    assert [run["point"] for run in report["runs"]] == ["conflict", "reset"]
+def check_paths_failed(report: dict[str, Any]) -> None:
+    """Under `allow`: the conflict run paid its one intent twice and its retry was told its own
+    credit; the reset run was paid credits its model was never told of."""
+    assert report["invariants"]["reissues_told_their_own_original"] is False, report["invariants"]
+    assert report["totals"]["intents_applied_more_than_once"] == 4, report["totals"]
     credits = credits_by_key(report)
-    conflict, reset = (run["run_id"] for run in report["runs"])
+    [conflict] = [run["run_id"] for run in report["runs"] if run["point"] == RunPath.CONFLICT]
+    [reset] = [run["run_id"] for run in report["runs"] if run["point"] == RunPath.RESET]
     assert set(credits) >= {f"{conflict}:{FIRST_CREDIT}", f"{conflict}:{RETRY_CREDIT}"}, credits
     told = last_told(report, reset)
     paid = [i for key, ids in credits.items() if key.startswith(reset + ":") for i in ids]

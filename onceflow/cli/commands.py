@@ -192,14 +192,20 @@ def drill(
             hidden=True, help="Tests of the drill only: declare the credit tool's intent allow or reuse."
         ),
     ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(hidden=True, help="Tests of the drill only: plan just this kind of run (repeatable)."),
+    ] = None,
 ) -> None:
     """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
     receiver that honours no idempotency key."""
     from onceflow.drill.cli import run_from_cli
-    from onceflow.drill.scenario import DrillConfig
+    from onceflow.drill.scenario import KIND_NAMES, DrillConfig
 
     if sabotage_intent not in (None, "allow", "reuse"):
         raise typer.BadParameter("allow or reuse", param_hint="--sabotage-intent")
+    if set(only or ()) - set(KIND_NAMES):
+        raise typer.BadParameter(", ".join(KIND_NAMES), param_hint="--only")
     config = DrillConfig(
         runs=runs,
         seed=seed,
@@ -211,6 +217,7 @@ def drill(
         timeout=timeout,
         sabotage=sabotage_resend_after_timeout,
         sabotage_intent=sabotage_intent,
+        only=tuple(only or ()),
     )
     exit_after_cleanup(run_from_cli(config))
 

@@ -14,6 +14,7 @@ from onceflow.activities.signal_door import SignalDoor, SignalRefused
 from onceflow.ledger import (
     AlreadySettledError,
     EventSource,
+    FailureKind,
     InvalidTransitionError,
     Ledger,
     ReasonRequiredError,
@@ -45,13 +46,25 @@ class LedgerActivities:
     async def inspect_call(self, ref: CallRef) -> ToolOutcome | None:
         """After a write activity was lost: what does the ledger know?
 
-        No row: nothing was reserved, so nothing was sent (None). `started` past its owner's lease:
+        No row: nothing was reserved, so nothing was sent (None); nor for a call `started` by an
+        attempt whose reservation answer was lost (`ref.unsent_owners`): it is released as not
+        attempted first. `started` past its owner's lease:
         it may have been sent, so it becomes `indeterminate`. `started` within it is left alone (its
         owner may still be sending it): the outcome says until when, and the workflow asks again
         then. Anything else is the ledger's answer as it stands.
         """
         record = await self.ledger.find(ref.key)
         if record is None:
+            return None
+        if record.status is Status.STARTED and record.owner in ref.unsent_owners:
+            # Reserved by an attempt whose answer was lost, which therefore sent nothing (the one
+            # that knew it died before it could say so): not attempted, and the run sends it again.
+            await self.ledger.fail(
+                ref.key,
+                owner=record.owner,
+                kind=FailureKind.NOT_ATTEMPTED,
+                error="its reservation committed but the answer was lost; nothing was sent",
+            )
             return None
         if record.status is Status.STARTED:
             record = await self.ledger.mark_indeterminate(

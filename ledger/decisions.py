@@ -22,6 +22,7 @@ from onceflow.ledger.errors import (
     EvidenceRequiredError,
     HeldCallError,
     InvalidTransitionError,
+    OwnerLeaseLiveError,
     RecordNotFoundError,
     ReusedCallError,
 )
@@ -88,6 +89,7 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
         source: EventSource = EventSource.API,
         detail: Any = None,
         failure_kind: FailureKind = FailureKind.NOT_APPLIED,
+        after_owner_lease: bool = False,
     ) -> ToolExecutionRecord:
         """Compare-and-set an unknown call to `completed` or `failed`. One caller wins.
 
@@ -102,6 +104,11 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
 
         While the reconciler's resend of the call is on the wire, anyone but the reconciler is
         refused with `ResendInFlightError`, naming the resend and when its lease ends.
+        `after_owner_lease` (a reconcile hook's "not there"): while the owner's own lease is live its
+        request may still land, so a lookup that finds nothing proves nothing yet, and settling it
+        `failed` is refused (`OwnerLeaseLiveError`). A receiver's fence or "no record of this key"
+        answer is proof at any time (a fenced key is refused when it lands), and so is a
+        `completed`; an operator decides on what they checked.
 
         A held call is refused with `HeldCallError` naming its blocker (nothing was sent). Settling a
         call that draws on a budget (it has an `amount`) as failed releases that amount, so a person
@@ -127,6 +134,12 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
             if source is not EventSource.RECONCILER:
                 # The reconciler's resend may be on the wire: its answer settles the call.
                 await refuse_during_resend(conn, key, f"settle as {status.value}")
+            lease_live = row["lease_expires_at"] is not None and not row["owner_gone"]
+            if after_owner_lease and status is Status.FAILED and lease_live:
+                # The owner's own request may still land: a lookup's "not there" is no proof yet.
+                raise OwnerLeaseLiveError(
+                    key, current.value, f"settle as {status.value}", until=row["lease_expires_at"]
+                )
             if (
                 status is Status.FAILED
                 and row["amount"] is not None

@@ -181,6 +181,21 @@ class ResendInFlightError(InvalidTransitionError):
         self.resend_actor = actor
 
 
+class OwnerLeaseLiveError(InvalidTransitionError):
+    """A call settled as failed (not applied) while its owner's lease is live: the owner's request may
+    still be on the wire and land after "it is not there" was decided. Decide after `until` (by the
+    database's clock), or settle it completed if its effect was found."""
+
+    def __init__(self, key: str, current_status: str, wanted: str, *, until: datetime) -> None:
+        super().__init__(key, current_status, wanted)
+        self.args = (
+            f"cannot {wanted}: the attempt that sent {key!r} holds it until {until.isoformat()}, and "
+            "its request may still be on the wire; finding no effect now proves nothing. Decide "
+            "after that (or settle it completed if the effect is there)",
+        )
+        self.until = until
+
+
 class CompensationNotRequestedError(LedgerError):
     """A compensation run with no operator's request to serve: nobody asked through the operator
     API, or the request it finds was served by another run (`served_by`). Nothing is sent."""

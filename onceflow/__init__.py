@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         Toolset,
         destructive,
         external,
+        kit_receiver,
         read,
         write,
     )
@@ -51,6 +52,7 @@ _HOMES = {
         "Toolset",
         "destructive",
         "external",
+        "kit_receiver",
         "read",
         "write",
     ],
@@ -84,6 +86,7 @@ __all__ = [
     "connect",
     "destructive",
     "external",
+    "kit_receiver",
     "read",
     "start_run",
     "write",

@@ -66,6 +66,7 @@ def create_app(
     )
     app.state.ledger = ledger
     app.state.tokens = OperatorTokens(ledger)
+    app.state.registry = registry  # the console asks a tool's kit receiver (onceflow/api/console/receiver.py)
     install_problem_handlers(app)
     # Before any route is added, so every route (and every later one) inherits the checks.
     install_input_checks(app, body_limit=MAX_BODY_BYTES)

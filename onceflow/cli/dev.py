@@ -34,6 +34,9 @@ from onceflow.runtime.shutdown import SHUTDOWN_GRACE_ENV, ShutdownGraceError, sh
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # onceflow/cli/dev.py -> the checkout
 LEDGER_DATABASE = "onceflow"
+# The example billing service's own database (its credits and the receiver kit's keys), beside the
+# ledger's on the embedded server: a receiver keeps its keys in its own database, not the ledger's.
+BILLING_DATABASE = "billing"
 
 
 class StackBusyError(RuntimeError):
@@ -130,7 +133,11 @@ class DevStack:
             temporal_address = f"{cfg.host}:{cfg.temporal_port}"
             ui_url = f"http://{cfg.host}:{cfg.ui_port}"
             self._spawn("temporal", self._temporal_command())
-        database_url = configured_database_url() or await self._start_postgres()
+        configured = configured_database_url()
+        database_url = configured or await self._start_postgres()
+        # On a server of the user's own, billing's tables sit beside the ledger's (no CREATE
+        # DATABASE asked of their role); on the embedded one, in a database of their own.
+        billing_database_url = configured or await self._billing_database()
         billing_url = f"http://{cfg.host}:{cfg.billing_port}"
         self._spawn(
             "billing",
@@ -142,8 +149,8 @@ class DevStack:
                 cfg.host,
                 "--port",
                 str(cfg.billing_port),
-                "--db",
-                str(self.data_dir / "billing.sqlite"),
+                "--database-url",
+                billing_database_url,
             ],
         )
         await migrate(database_url)
@@ -220,6 +227,10 @@ class DevStack:
     async def _start_postgres(self) -> str:
         self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.data_dir / "postgres")
         return await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
+
+    async def _billing_database(self) -> str:
+        assert self._postgres is not None
+        return await create_database(self._postgres.dsn, BILLING_DATABASE, if_missing=True)
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.data_dir / f"{name}.log", "ab")

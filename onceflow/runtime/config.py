@@ -60,7 +60,16 @@ OPERATOR_ENVIRONMENT = {
     "ONCEFLOW_API": "http://127.0.0.1:8082",
     "ONCEFLOW_TOKEN": "",  # a bearer token from `onceflow tokens create`
 }
-ALL_ENVIRONMENT = {**ENVIRONMENT, **WORKER_ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT}
+# Read by the example billing service only: the PostgreSQL database of its credits and the receiver
+# kit's keys (when `--database-url` is not given).
+BILLING_ENVIRONMENT = {"ONCEFLOW_BILLING_DATABASE_URL": ""}
+ALL_ENVIRONMENT = {
+    **ENVIRONMENT,
+    **WORKER_ENVIRONMENT,
+    **API_ENVIRONMENT,
+    **OPERATOR_ENVIRONMENT,
+    **BILLING_ENVIRONMENT,
+}
 
 
 # The worker's workflow cache when ONCEFLOW_MAX_CACHED_WORKFLOWS is unset. The SDK's own default,

@@ -24,7 +24,7 @@ def install_console(
     """Serve the console on `app`, its sessions kept in the ledger by `sessions`, linking runs to
     the Temporal UI at `temporal_ui` (default: ONCEFLOW_TEMPORAL_UI, else the dev server's
     http://127.0.0.1:8233)."""
-    from onceflow.api.console import actions, routes
+    from onceflow.api.console import actions, receiver, routes
     from onceflow.api.console.rendering import HERE
     from onceflow.api.console.throttle import SignInThrottle
 
@@ -34,5 +34,6 @@ def install_console(
     app.state.console_temporal_ui = temporal_ui or env("ONCEFLOW_TEMPORAL_UI")
     app.include_router(routes.router)
     app.include_router(actions.router)
+    app.include_router(receiver.router)  # "Ask the receiver", for tools on the receiver kit
     app.mount("/console/static", StaticFiles(directory=HERE / "static"), name="console-static")
     routes.install_handlers(app)

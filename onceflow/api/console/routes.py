@@ -12,6 +12,7 @@ from starlette.responses import Response
 from onceflow.activities.compensation import COMPENSATION_SUFFIX
 from onceflow.api.console import forms
 from onceflow.api.console.calls import OperatorCalls, count_queue
+from onceflow.api.console.receiver import receiver_of
 from onceflow.api.console.rendering import redirect, render
 from onceflow.api.console.throttle import SignInThrottle, retry_after
 from onceflow.api.inputs import check_query
@@ -242,6 +243,7 @@ async def call_page(request: Request, key: str) -> Response:
         "events": events,
         "reconcile_events": [e for e in events if e.get("source") == "reconciler"],
         "run_url": run_url(request, call["key"], call["run_id"]),
+        "asks_receiver": receiver_of(request.app, call) is not None,
     }
     return render(request, "call.html", context)
 

@@ -8,11 +8,12 @@ STAMP := $(VENV)/.installed
 
 # dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
 # so the dependency check (tests/test_dependencies.py) sees every optional import installed;
-# pydantic-ai, openai-agents: the framework adapters' tests (tests/test_adapter_*.py).
+# pydantic-ai, openai-agents: the framework adapters' tests (tests/test_adapter_*.py); bench: the
+# benchmarks' peers (bench/peers.py).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,test,otlp,pydantic-ai,openai-agents]'
+	$(BIN)/pip install --quiet -e '.[dev,test,otlp,pydantic-ai,openai-agents,bench]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -49,7 +50,10 @@ packaging: $(STAMP)
 properties: $(STAMP)
 	ONCEFLOW_PROPERTIES=long $(BIN)/pytest -m properties tests/test_ledger_properties.py
 
+# Figures and how to read them: docs/benchmarks.md. bench/instructions.py needs valgrind (apt).
 bench: $(STAMP)
+	$(BIN)/python bench/instructions.py
+	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/ledger_hot_path.py
 	$(BIN)/python bench/e2e.py
 	$(BIN)/python bench/guards.py
@@ -58,6 +62,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/queue_at_scale.py
 	$(BIN)/python bench/backlog.py
 	$(BIN)/python bench/client_exit.py
+	$(BIN)/python bench/purge.py
 	$(BIN)/python bench/receiver.py
 
 RUNS ?= 200

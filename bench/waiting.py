@@ -3,13 +3,16 @@
 Each run makes one `issue_credit` call of the `billing-manual` toolset (no reconcile hook, no dedup
 window: nothing to poll) against the example billing service with the `drop` fault (the credit is
 committed, the connection cut): the call is unknown and its run pauses. The worker is a separate
-`onceflow worker` process with ONCEFLOW_MAX_CACHED_WORKFLOWS set (--cache), so paused runs beyond
-the cache are evicted and cost no memory; its RSS (VmRSS) is read at each checkpoint once every run
-so far is paused. Also printed: open workflows per waiting call (a call with nothing to poll waits on
+process; paused runs beyond its workflow cache are evicted and cost no memory; its RSS (VmRSS) is
+read at each checkpoint once every run so far is paused, and its peak (VmHWM) at the end. Also printed: open workflows per waiting call (a call with nothing to poll waits on
 its run alone: 1), and the time for all runs to finish once every call is settled in bulk (a ledger
 settlement and a `resolve` nudge per run, as the operator API sends).
 
-    .venv/bin/python bench/waiting.py [--checkpoints 1000 10000] [--cache 500] [--concurrency 64]
+The worker is started as users start it, `python worker.py`, with only where Temporal, the ledger,
+the agents file and the task queue are: its workflow cache is onceflow's default (runtime/config.py,
+`default_max_cached_workflows`) unless --cache sets ONCEFLOW_MAX_CACHED_WORKFLOWS.
+
+    .venv/bin/python bench/waiting.py [--checkpoints 1000 10000] [--cache N] [--concurrency 64]
 
 Quick check: --checkpoints 20 100. TEMPORAL_ADDRESS or ONCEFLOW_DATABASE_URL, when set, replace the
 embedded parts (see onceflow.cli.dev).
@@ -34,10 +37,11 @@ from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import Ledger, Status
 from onceflow.ledger.status import EventSource
 from onceflow.runtime.client import new_run_id, start_run
-from onceflow.runtime.config import Settings
+from onceflow.runtime.config import Settings, default_max_cached_workflows
 from onceflow.sdk.payloads import AgentRunInput, ResolveSignal
 
 TASK_QUEUE = "onceflow-bench-waiting"
+WORKER_SCRIPT = Path(__file__).resolve().parents[1] / "worker.py"
 AGENT = "bench-wait"
 ACCOUNT = "acct_wait"
 # Long intervals: a paused run wakes for nothing while it is measured.
@@ -72,11 +76,12 @@ AGENTS = {
 }
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS:") -> float:
+    """A process's resident memory (VmRSS), or its peak so far (VmHWM), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
 
 
 async def count_waiting(ledger: Ledger) -> int:
@@ -162,22 +167,19 @@ async def bench(args: argparse.Namespace) -> None:
             info = await stack.start()
             agents_file = Path(tmp) / "agents.yaml"
             agents_file.write_text(json.dumps(AGENTS))  # JSON is YAML
+            # As users start it: where things are, nothing else of onceflow's (or OpenTelemetry's).
             environment = {
-                **os.environ,
-                **info.environment(),
-                "ONCEFLOW_TASK_QUEUE": TASK_QUEUE,
-                "ONCEFLOW_AGENTS": str(agents_file),
-                "ONCEFLOW_MAX_CACHED_WORKFLOWS": str(args.cache),
-                "OTEL_METRICS_EXPORTER": "none",
-                "OTEL_TRACES_EXPORTER": "none",
+                name: value
+                for name, value in os.environ.items()
+                if not name.startswith(("ONCEFLOW_", "OTEL_", "TEMPORAL_"))
             }
+            environment.update(info.environment())
+            environment.update({"ONCEFLOW_TASK_QUEUE": TASK_QUEUE, "ONCEFLOW_AGENTS": str(agents_file)})
+            if args.cache is not None:
+                environment["ONCEFLOW_MAX_CACHED_WORKFLOWS"] = str(args.cache)
             log = (Path(tmp) / "worker.log").open("wb")
             worker = await asyncio.create_subprocess_exec(
-                str(Path(sys.executable).parent / "onceflow"),
-                "worker",
-                env=environment,
-                stdout=log,
-                stderr=log,
+                sys.executable, str(WORKER_SCRIPT), env=environment, stdout=log, stderr=log
             )
             settings = Settings(
                 temporal_address=info.temporal_address,
@@ -196,8 +198,13 @@ async def bench(args: argparse.Namespace) -> None:
             await asyncio.sleep(5)  # the worker starts polling
             if worker.returncode is not None:
                 raise RuntimeError(f"the worker exited: {(Path(tmp) / 'worker.log').read_text()[-2000:]}")
+            cache = (
+                f"ONCEFLOW_MAX_CACHED_WORKFLOWS={args.cache}"
+                if args.cache is not None
+                else f"the default workflow cache ({default_max_cached_workflows()} runs on this machine)"
+            )
             print(
-                f"one `onceflow worker` process, ONCEFLOW_MAX_CACHED_WORKFLOWS={args.cache}; "
+                f"one `python worker.py` process, {cache}; "
                 f"Python {platform.python_version()}; {os.cpu_count()} CPUs; {platform.platform()}"
             )
             print(f"worker RSS before any run: {rss_mb(worker.pid):.0f} MB")
@@ -211,13 +218,18 @@ async def bench(args: argparse.Namespace) -> None:
                     async def all_paused(expected: int = checkpoint) -> bool:
                         return await count_waiting(ledger) >= expected
 
-                    await until(all_paused, f"{checkpoint} paused runs", timeout=60 + checkpoint * 0.2)
+                    try:
+                        await until(all_paused, f"{checkpoint} paused runs", timeout=60 + checkpoint * 0.5)
+                    except RuntimeError:
+                        print((Path(tmp) / "worker.log").read_text()[-3000:])
+                        raise
                     await asyncio.sleep(args.settle_seconds)  # the last workflow tasks complete
                     opened = await open_workflows(client)
                     print(
                         f"{checkpoint:>6} runs paused on unknown calls: worker RSS {rss_mb(worker.pid):6.0f} MB"
                         f"  open workflows {opened} ({opened / checkpoint:.2f} per waiting call)"
                     )
+                print(f"worker peak RSS until now: {rss_mb(worker.pid, 'VmHWM:'):.0f} MB")
                 seconds = await settle_all(client, ledger, run_ids, args.concurrency)
                 print(
                     f"all {len(run_ids)} settled in bulk and resumed in {seconds:.1f} s "
@@ -240,7 +252,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--checkpoints", type=int, nargs="+", default=[1000, 10000])
-    parser.add_argument("--cache", type=int, default=500, help="ONCEFLOW_MAX_CACHED_WORKFLOWS for the worker")
+    parser.add_argument(
+        "--cache",
+        type=int,
+        default=None,
+        help="ONCEFLOW_MAX_CACHED_WORKFLOWS for the worker (default: unset)",
+    )
     parser.add_argument("--concurrency", type=int, default=64, help="starts and settlements in flight")
     parser.add_argument("--settle-seconds", type=float, default=5.0, help="pause before each reading")
     args = parser.parse_args()

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
+from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
 from onceflow.cli.commands import app
@@ -184,15 +185,17 @@ def test_retention_ages_parse() -> None:
 
 
 async def test_purge_command_counts_and_reads_the_retention_from_the_environment(
-    ledger: Ledger, database_url: str
+    temporal_env: WorkflowEnvironment, ledger: Ledger, database_url: str
 ) -> None:
     key = await completed(ledger)
     await age(database_url, key, by=timedelta(days=40))
     runner = CliRunner()
+    # The command asks Temporal which runs' conversations may go (test_conversation_retention.py).
+    temporal = {"TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host}
 
     def purge(*args: str, **env: str) -> Result:
         # The command runs its own event loop, so it gets a thread of its own.
-        return runner.invoke(app, ["ledger", "purge", *args], env=env)
+        return runner.invoke(app, ["ledger", "purge", *args], env={**temporal, **env})
 
     kept = await asyncio.to_thread(purge, "--database-url", database_url)
     assert kept.exit_code == 0, kept.output

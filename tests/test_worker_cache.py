@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -9,13 +10,35 @@ from temporalio.testing import WorkflowEnvironment
 
 from onceflow.ledger import Ledger
 from onceflow.runtime.agents import AgentRegistry
-from onceflow.runtime.config import Settings
+from onceflow.runtime.config import (
+    CACHE_LEAST_RUNS,
+    CACHE_MOST_RUNS,
+    Settings,
+    default_max_cached_workflows,
+    memory_limit,
+)
 from onceflow.runtime.worker import build_worker, max_cached_workflows
 
+MB = 1024 * 1024
 
-def test_empty_keeps_the_sdks_default() -> None:
-    assert max_cached_workflows("") is None
-    assert max_cached_workflows("  ") is None
+
+def test_empty_takes_onceflows_default_sized_from_the_machine() -> None:
+    assert max_cached_workflows("") == default_max_cached_workflows()
+    assert max_cached_workflows("  ") == default_max_cached_workflows()
+    assert CACHE_LEAST_RUNS <= default_max_cached_workflows() <= CACHE_MOST_RUNS
+
+
+def test_the_default_keeps_a_thousand_paused_runs_out_of_memory() -> None:
+    # At most CACHE_MOST_RUNS however large the machine (the SDK's 1,000 held every paused run);
+    # an eighth of a small container's memory at 256 kB a run; never fewer than CACHE_LEAST_RUNS.
+    assert default_max_cached_workflows(64 * 1024 * MB) == CACHE_MOST_RUNS < 1000
+    assert default_max_cached_workflows(256 * MB) == 128
+    assert default_max_cached_workflows(16 * MB) == CACHE_LEAST_RUNS
+
+
+def test_the_memory_limit_is_this_machines_or_its_cgroups() -> None:
+    limit = memory_limit()
+    assert limit is not None and 0 < limit <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_a_whole_number_is_the_cache_size() -> None:

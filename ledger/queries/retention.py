@@ -45,5 +45,36 @@ DELETE_EXECUTIONS = "DELETE FROM tool_executions WHERE key = ANY($1::text[])"
 
 COUNT_EVENTS = "SELECT count(*) FROM tool_execution_events WHERE key = ANY($1::text[])"
 
+DATABASE_NOW = "SELECT clock_timestamp()"
+
 # The purge's cutoff: the database's clock less the age ($1).
 PURGE_CUTOFF = "SELECT clock_timestamp() - $1::interval"
+
+# Runs whose stored conversation may be past use: no message since the cutoff, and no unresolved
+# call (whatever Temporal says, a run that waits on a call will read its conversation again).
+# Temporal decides the rest (ledger/retention.py, purge_conversations). A whole scan of the table:
+# a maintenance job's read, kept off the write path (no index on created_at to keep up).
+CONVERSATION_CANDIDATES = """
+SELECT m.run_id
+  FROM conversation_messages m
+ GROUP BY m.run_id
+HAVING max(m.created_at) < $1
+   AND NOT EXISTS (
+       SELECT 1 FROM tool_executions t
+        WHERE t.run_id = m.run_id
+          AND t.status IN ('held', 'awaiting_approval', 'started', 'indeterminate'))
+ ORDER BY m.run_id
+"""
+
+CONVERSATION_BYTES = """
+SELECT count(*) AS messages, coalesce(sum(pg_column_size(m.*)), 0) AS bytes
+  FROM conversation_messages m WHERE m.run_id = ANY($1::text[])
+"""
+
+# Inside the purge's transaction (SET_PURGE_CUTOFF first): the whole chain of each run at once, so
+# the chain's own foreign key (parent) is satisfied at the end of the statement.
+DELETE_CONVERSATIONS = """
+DELETE FROM conversation_messages m
+ WHERE m.run_id = ANY($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM conversation_messages y WHERE y.run_id = m.run_id AND y.created_at >= $2)
+"""

@@ -31,7 +31,7 @@ ENVIRONMENT = {
 # OTEL_EXPORTER_PROMETHEUS_PORT).
 # ONCEFLOW_MAX_CACHED_WORKFLOWS: how many runs the worker keeps in memory between their tasks
 # (Temporal's workflow cache); a waiting run beyond it is evicted and replayed from history when it
-# wakes. Unset: the SDK's default (1,000). See docs/benchmarks.md (waiting runs).
+# wakes. Unset: default_max_cached_workflows(), sized from the machine. See docs/benchmarks.md.
 # ONCEFLOW_SIGNALS: whether a `resolve` signal or update from outside the API may settle a call
 # without an operator assertion the API signed (`open`) or only with one (`verified`).
 WORKER_ENVIRONMENT = {
@@ -70,6 +70,46 @@ ALL_ENVIRONMENT = {
     **OPERATOR_ENVIRONMENT,
     **BILLING_ENVIRONMENT,
 }
+
+
+# The worker's workflow cache when ONCEFLOW_MAX_CACHED_WORKFLOWS is unset. The SDK's own default,
+# 1,000 runs, kept every paused run in memory: about 258 kB each, 420 MB for 1,000 paused runs
+# (docs/benchmarks.md, waiting). A cached run only saves the replay of its history when its next task
+# comes, which matters for runs with work in flight (at most the SDK's 100 workflow task slots plus
+# its activities at a time), not for runs that wait hours on a person. So the cache holds
+# CACHE_MOST_RUNS, or fewer where an eighth of the memory the process may use (the machine's, or
+# its cgroup's limit in a container) would not hold that many.
+CACHE_MOST_RUNS = 250
+CACHE_LEAST_RUNS = 10
+CACHE_RUN_BYTES = 256 * 1024
+CACHE_MEMORY_SHARE = 8
+
+
+def default_max_cached_workflows(memory_bytes: int | None = None) -> int:
+    """How many runs the worker caches by default, for `memory_bytes` (default: this machine's)."""
+    memory = memory_limit() if memory_bytes is None else memory_bytes
+    if memory is None:
+        return CACHE_MOST_RUNS
+    by_memory = memory // CACHE_MEMORY_SHARE // CACHE_RUN_BYTES
+    return max(CACHE_LEAST_RUNS, min(CACHE_MOST_RUNS, by_memory))
+
+
+def memory_limit() -> int | None:
+    """The memory this process may use: the machine's, or less under a cgroup limit; None if unknown."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as limit:
+                text = limit.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    return min(limits) if limits else None
 
 
 def env(name: str) -> str:

@@ -24,7 +24,7 @@ from onceflow.activities import SignalDoor, default_identity
 from onceflow.ledger import Ledger, LedgerError, migrate
 from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_models, load_agents
 from onceflow.runtime.client import connect
-from onceflow.runtime.config import ENVIRONMENT, Settings
+from onceflow.runtime.config import ENVIRONMENT, Settings, default_max_cached_workflows
 from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
 from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
 from onceflow.runtime.plugin import OnceflowPlugin, OnceflowStartupError
@@ -90,10 +90,10 @@ def build_worker(
 
 def max_cached_workflows(text: str) -> int | None:
     """ONCEFLOW_MAX_CACHED_WORKFLOWS: a whole number of runs (0: keep none, replay every task);
-    empty for the SDK's default."""
+    empty for onceflow's default, sized from the machine (runtime/config.py)."""
     text = text.strip()
     if not text:
-        return None
+        return default_max_cached_workflows()
     try:
         value = int(text)
     except ValueError:

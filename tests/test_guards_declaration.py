@@ -7,6 +7,7 @@ from decimal import Decimal
 import pytest
 
 from onceflow import Guards, InvalidToolArgumentsError, ToolContext, Toolset, external, read
+from onceflow.ledger import Heard
 from onceflow.sdk.testing import tool_contract_problems
 
 tools = Toolset("guarded")
@@ -100,7 +101,7 @@ async def refund_fx(order_id: str, amount: int, currency: str, context: ToolCont
 def test_a_call_hands_the_ledger_its_toolset_currency_and_what_the_model_had_heard() -> None:
     guard = refund_fx.ledger_guard({"order_id": "ord_1", "amount": 5, "currency": "eur"}, heard=["call_0_0"])
     assert (guard.toolset, guard.currency) == ("guarded", "EUR")
-    assert guard.heard == frozenset({"call_0_0"})
+    assert guard.heard == frozenset({Heard(tool_call_id="call_0_0")})  # a bare id: judged as it stands
     # `reuse` makes every twin the same intent: what the model heard does not matter to it.
     assert refund.ledger_guard({"order_id": "o", "amount_cents": 1}, heard=["x"]).heard == frozenset()
 

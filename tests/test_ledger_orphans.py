@@ -25,6 +25,7 @@ from onceflow.ledger import (
     Status,
     purge_settled,
 )
+from onceflow.ledger.records import RepeatedDecision
 from tests.test_ledger_retention import age
 
 REFUND = {"order_id": "o1", "amount_cents": 1000}
@@ -85,7 +86,8 @@ async def test_an_operator_releases_a_held_call_once_and_a_second_operator_is_to
         None,
     )
     # The same request again (its answer was lost) is the same release, with no second event.
-    assert await ledger.release(key, actor="operator:alice", reason="the customer withdrew it") == released
+    repeated = await ledger.release(key, actor="operator:alice", reason="the customer withdrew it")
+    assert isinstance(repeated, RepeatedDecision) and repeated.model_dump() == released.model_dump()
     with pytest.raises(AlreadySettledError) as lost:
         await ledger.release(key, actor="operator:bob", reason="me too")
     assert lost.value.settled_by == "operator:alice"

@@ -314,7 +314,9 @@ class LedgerMachine(CompoundRules, OperatorRules, RuleBasedStateMachine):
         async with AnswerDroppingProxy(self.dsn, marker=b"onceflow_guarded_reserve", times=1) as proxy:
             through = await Ledger.connect(proxy.dsn, max_size=1)
             try:
-                guard = Guard(intent=how["intent"], entity=inv.ENTITY, toolset=inv.TOOLSET)
+                # The same activity input as the attempt after it: what the model had heard too.
+                heard = frozenset(self.heard_from(run_id, how["heard"]))
+                guard = Guard(intent=how["intent"], heard=heard, entity=inv.ENTITY, toolset=inv.TOOLSET)
                 await through.reserve(
                     CallIdentity(tenant="t1", run_id=run_id, tool_call_id=call),
                     tool_name=GUARDED_TOOL,

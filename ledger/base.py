@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Self, TypeVar
 
@@ -12,6 +14,7 @@ import asyncpg
 from opentelemetry import context, trace
 
 from onceflow.ledger import queries
+from onceflow.ledger.acknowledged import AcknowledgedWrites
 from onceflow.ledger.errors import (
     LedgerUnavailableError,
     PayloadMismatchError,
@@ -21,6 +24,7 @@ from onceflow.ledger.errors import (
 )
 from onceflow.ledger.records import ToolExecutionRecord
 from onceflow.ledger.status import OPERATOR_PREFIX, EventSource, Status
+from onceflow.ledger.timelines import Timelines
 
 if TYPE_CHECKING:
     from onceflow.ledger.canonical import CanonicalPayload
@@ -283,21 +287,40 @@ class _Operation:
 class LedgerBase:
     """The pool and the plumbing. `Ledger` (ledger.store) is what callers use."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, timelines: Timelines | None = None) -> None:
         self._pool = pool
         self._connections = _Connections(pool)
+        # The server timeline under the pool (ledger/timelines.py) and the call-path writes seen
+        # acknowledged (ledger/lost_writes.py): how a failover that lost writes is noticed.
+        self.timelines = timelines or Timelines()
+        self.acknowledged = AcknowledgedWrites()
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Self:
+    async def connect(
+        cls, dsn: str, *, min_size: int = 1, max_size: int = 10, process: str | None = None
+    ) -> Self:
+        """`process`: how this process is named in `onceflow_timelines` (default host:pid)."""
+        timelines = Timelines(process or f"{socket.gethostname()}:{os.getpid()}")
+
+        async def set_up(conn: asyncpg.Connection) -> None:
+            await _set_up(conn)
+            await timelines.observe(conn)
+
         try:
             pool = await asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, init=_set_up, reset=_keep_session
+                dsn, min_size=min_size, max_size=max_size, init=set_up, reset=_keep_session
             )
         except UNAVAILABLE as exc:
             raise LedgerUnavailableError(f"cannot reach the ledger database: {exc}") from exc
-        return cls(pool)
+        return cls(pool, timelines)
+
+    def acknowledge(self, record: ToolExecutionRecord) -> None:
+        """Note a call-path write the server acknowledged (ledger/lost_writes.py checks them after
+        a failover)."""
+        self.acknowledged.add(record, self.timelines.current)
 
     async def close(self) -> None:
+        await self.timelines.settled()
         await self._connections.close()
 
     def connection(self, operation: str, **attributes: Any) -> _Operation:

@@ -1,7 +1,7 @@
 """Every SQL statement the ledger runs, by name. Values always travel as $n parameters.
 
 The statements live by the ledger's own domains, one module each (calls, the queue, decisions,
-guards, lineage, conflicts, resends, compensations, retention, tokens, conversations, run ids);
+failover, guards, lineage, conflicts, resends, compensations, retention, tokens, conversations, run ids);
 every name is re-exported here, so `from onceflow.ledger import queries; queries.RESERVE` reads the
 same wherever a statement lives. A new statement goes into its domain's module and into this list.
 
@@ -51,6 +51,14 @@ from onceflow.ledger.queries.decisions import (
     RELEASE,
     SELECT_FOR_DECISION,
     SET_COMPENSATED,
+)
+from onceflow.ledger.queries.failover import (
+    RECORD_TIMELINE,
+    RESTORE_BEHIND,
+    RESTORE_LOST,
+    SELECT_RECORDS,
+    SWITCH_SEEN_SINCE,
+    TIMELINE,
 )
 from onceflow.ledger.queries.guards import (
     ENTITY_BUDGET_USED,
@@ -130,8 +138,11 @@ __all__ = [
     "PURGE_CANDIDATES",
     "PURGE_CUTOFF",
     "QUEUE_FIGURES",
+    "RECORD_TIMELINE",
     "RELEASE",
     "RESERVE",
+    "RESTORE_BEHIND",
+    "RESTORE_LOST",
     "REVOKE_TOKEN",
     "SELECT_ACTIVE_TOKEN",
     "SELECT_CONVERSATION",
@@ -139,11 +150,14 @@ __all__ = [
     "SELECT_FOR_DECISION",
     "SELECT_FOR_RESEND",
     "SELECT_RECORD",
+    "SELECT_RECORDS",
     "SELECT_RECORD_FOR_UPDATE",
     "SET_COMPENSATED",
     "SET_COMPLETED",
     "SET_FAILED",
     "SET_INDETERMINATE",
     "SET_PURGE_CUTOFF",
+    "SWITCH_SEEN_SINCE",
+    "TIMELINE",
     "WAS_OWNER",
 ]

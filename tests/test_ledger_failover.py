@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -53,8 +52,8 @@ async def _first_read(ledger: Ledger, key: str) -> ToolExecutionRecord | None:
         return await ledger.find(key)
 
 
-async def test_writes_lost_by_an_asynchronous_failover_become_visible_unknowns(tmp_path: Path) -> None:
-    async with replicated_ledger(tmp_path / "pg", synchronous=False) as (pair, dsn):
+async def test_writes_lost_by_an_asynchronous_failover_become_visible_unknowns() -> None:
+    async with replicated_ledger(synchronous=False) as (pair, dsn):
         ledger = await Ledger.connect(dsn, process="test-worker")
         try:
             assert ledger.timelines.current == 1
@@ -110,11 +109,11 @@ async def test_writes_lost_by_an_asynchronous_failover_become_visible_unknowns(t
             await ledger.close()
 
 
-async def test_an_owner_whose_row_is_gone_after_a_failover_records_an_unknown_call(tmp_path: Path) -> None:
+async def test_an_owner_whose_row_is_gone_after_a_failover_records_an_unknown_call() -> None:
     """The write activity's own view: its reservation was acknowledged, the failover lost it, and
     its outcome then finds no row (here in another process, the workflow's retrying ledger step,
     which knows nothing but the outcome it carries)."""
-    async with replicated_ledger(tmp_path / "pg", synchronous=False) as (pair, dsn):
+    async with replicated_ledger(synchronous=False) as (pair, dsn):
         owner_side = await Ledger.connect(dsn, process="worker-a")
         try:
             pair.hold_replication()
@@ -157,9 +156,9 @@ async def test_an_owner_whose_row_is_gone_after_a_failover_records_an_unknown_ca
 
 
 @pytest.mark.slow
-async def test_a_synchronous_standby_keeps_every_acknowledged_write(tmp_path: Path) -> None:
+async def test_a_synchronous_standby_keeps_every_acknowledged_write() -> None:
     """The same writes under synchronous replication survive the failover as acknowledged."""
-    async with replicated_ledger(tmp_path / "pg", synchronous=True) as (pair, dsn):
+    async with replicated_ledger(synchronous=True) as (pair, dsn):
         ledger = await Ledger.connect(dsn, process="test-worker")
         try:
             acknowledged = []

@@ -1,7 +1,7 @@
 """Every SQL statement the ledger runs, by name. Values always travel as $n parameters.
 
 The statements live by the ledger's own domains, one module each (calls, the queue, decisions,
-failover, guards, lineage, conflicts, resends, compensations, retention, tokens, conversations, run ids);
+durability, failover, guards, lineage, conflicts, resends, compensations, retention, tokens, conversations, run ids);
 every name is re-exported here, so `from onceflow.ledger import queries; queries.RESERVE` reads the
 same wherever a statement lives. A new statement goes into its domain's module and into this list.
 
@@ -52,7 +52,16 @@ from onceflow.ledger.queries.decisions import (
     SELECT_FOR_DECISION,
     SET_COMPENSATED,
 )
+from onceflow.ledger.queries.durability import (
+    BACKEND_PID,
+    CLIENT_ADDRESS,
+    DEFAULT_ISOLATION,
+    IN_RECOVERY,
+    SETTINGS,
+    STANDBYS,
+)
 from onceflow.ledger.queries.failover import (
+    COMMIT_LOCALLY,
     RECORD_TIMELINE,
     RESTORE_BEHIND,
     RESTORE_LOST,
@@ -106,12 +115,16 @@ __all__ = [
     "APPROVE",
     "ARCHIVE_EVENTS",
     "ARCHIVE_EXECUTIONS",
+    "BACKEND_PID",
     "CLAIM_APPROVED",
     "CLAIM_OF_REQUEST",
     "CLAIM_RUN_ID",
+    "CLIENT_ADDRESS",
+    "COMMIT_LOCALLY",
     "COMPLETE_STARTED",
     "COUNT_EVENTS",
     "COUNT_UNRESOLVED",
+    "DEFAULT_ISOLATION",
     "DELETE_EVENTS",
     "DELETE_EXECUTIONS",
     "DENY",
@@ -128,6 +141,7 @@ __all__ = [
     "INSERT_CONVERSATION_MESSAGE",
     "INSERT_EVENT",
     "INSERT_TOKEN",
+    "IN_RECOVERY",
     "LATEST_EVENT_OF_KIND",
     "LATEST_RESEND",
     "LINEAGE",
@@ -152,11 +166,13 @@ __all__ = [
     "SELECT_RECORD",
     "SELECT_RECORDS",
     "SELECT_RECORD_FOR_UPDATE",
+    "SETTINGS",
     "SET_COMPENSATED",
     "SET_COMPLETED",
     "SET_FAILED",
     "SET_INDETERMINATE",
     "SET_PURGE_CUTOFF",
+    "STANDBYS",
     "SWITCH_SEEN_SINCE",
     "TIMELINE",
     "WAS_OWNER",

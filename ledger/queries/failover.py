@@ -7,6 +7,9 @@
 # writes to one.
 TIMELINE = "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
 
+# Inside one transaction: its commit does not wait for a synchronous standby (ledger/timelines.py).
+COMMIT_LOCALLY = "SELECT set_config('synchronous_commit', 'local', true)"
+
 RECORD_TIMELINE = """
 INSERT INTO onceflow_timelines (timeline, first_seen_by) VALUES ($1, $2)
 ON CONFLICT (timeline) DO NOTHING

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from onceflow.cli.doctor import doctor
 from onceflow.cli.executions import executions_app
 from onceflow.cli.ledger import ledger_app
 from onceflow.cli.stack import DataDir, demo, dev, use_stack_environment
@@ -94,6 +95,9 @@ def worker(
     from onceflow.runtime.worker import main
 
     main()
+
+
+app.command()(doctor)
 
 
 @app.command()

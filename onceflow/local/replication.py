@@ -37,7 +37,7 @@ def _bin_dir() -> Path:
     return Path(POSTGRES_BIN_PATH)
 
 
-def _run_as() -> str | None:
+def run_as() -> str | None:
     """The system user to run servers and tools as: none unless we are root (initdb refuses root)."""
     if os.geteuid() != 0:
         return None
@@ -48,7 +48,7 @@ def _run_as() -> str | None:
     return SYSTEM_USER
 
 
-def _as_user(user: str | None) -> dict[str, Any]:
+def as_user(user: str | None) -> dict[str, Any]:
     """Popen arguments that run a child as `user`, with that user's group (and no other): Popen's
     `user` alone would leave the child in root's group, which folders like pytest's refuse."""
     if user is None:
@@ -57,7 +57,7 @@ def _as_user(user: str | None) -> dict[str, Any]:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
-def _give_to(path: Path, user: str | None) -> None:
+def give_to(path: Path, user: str | None) -> None:
     """Let `user` own `path` and pass through every folder above it."""
     if user is None:
         return
@@ -121,7 +121,7 @@ class ReplicatedPostgres:
         self.synchronous = synchronous
         self.extra_listen = extra_listen
         self.settings = settings or {}
-        self._user = _run_as()
+        self._user = run_as()
         self._bin = _bin_dir()
         first, second = hosts
         self.nodes = [
@@ -150,7 +150,7 @@ class ReplicatedPostgres:
         """Make and start the primary, then its standby; returns once the standby streams (sync
         mode: once it is the synchronous standby)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        _give_to(self.root, self._user)
+        give_to(self.root, self._user)
         self._initdb(self.primary)
         self._launch(self.primary, timeout)
         assert self.standby is not None
@@ -242,7 +242,7 @@ class ReplicatedPostgres:
 
     def _initdb(self, node: Node) -> None:
         node.data_dir.mkdir(parents=True)
-        _give_to(node.data_dir, self._user)
+        give_to(node.data_dir, self._user)
         self._tool("initdb", "-D", str(node.data_dir), "--auth=trust", "--encoding=utf8", "-U", SUPERUSER)
         with (node.data_dir / "postgresql.conf").open("a") as conf:
             conf.write("\n# onceflow replication drill\n" + self.settings_file())
@@ -254,7 +254,7 @@ class ReplicatedPostgres:
         if node.data_dir.exists():
             shutil.rmtree(node.data_dir)
         node.data_dir.mkdir(parents=True)
-        _give_to(node.data_dir, self._user)
+        give_to(node.data_dir, self._user)
         node.data_dir.chmod(0o700)
         self.generation += 1
         self._tool(
@@ -287,7 +287,7 @@ class ReplicatedPostgres:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: kill_primary takes every backend
-            **_as_user(self._user),
+            **as_user(self._user),
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -336,7 +336,7 @@ class ReplicatedPostgres:
             capture_output=True,
             text=True,
             timeout=timeout,
-            **_as_user(self._user),
+            **as_user(self._user),
         )
         if done.returncode != 0:
             raise ReplicationError(f"{name} {' '.join(args)} failed: {done.stderr.strip() or done.stdout}")

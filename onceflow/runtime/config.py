@@ -29,7 +29,13 @@ ENVIRONMENT = {
 # ONCEFLOW_MAX_CACHED_WORKFLOWS: how many runs the worker keeps in memory between their tasks
 # (Temporal's workflow cache); a waiting run beyond it is evicted and replayed from history when it
 # wakes. Unset: the SDK's default (1,000). See docs/benchmarks.md (waiting runs).
+# ONCEFLOW_PROFILE: `production` stops a worker whose ledger database can lose an acknowledged write
+# (onceflow/ledger/durability.py; `onceflow doctor` prints the checks); `development` logs them.
+# ONCEFLOW_LEDGER_REPLICATION: `storage` declares a managed service's synchronous replication
+# beneath PostgreSQL, which shows PostgreSQL no standby (docs/operations.md).
 WORKER_ENVIRONMENT = {
+    "ONCEFLOW_PROFILE": "development",
+    "ONCEFLOW_LEDGER_REPLICATION": "streaming",
     "ONCEFLOW_SHUTDOWN_GRACE": "",
     "ONCEFLOW_MAX_CACHED_WORKFLOWS": "",
     "ONCEFLOW_AGENTS_ENABLED": "",
@@ -61,6 +67,8 @@ class Settings:
     health_file: str = ""
     # None: serve every agent whose model can be built; else exactly these, or refuse to start.
     agents_enabled: tuple[str, ...] | None = None
+    profile: str = "development"  # ONCEFLOW_PROFILE as given; the durability check reads it
+    ledger_replication: str = "streaming"  # ONCEFLOW_LEDGER_REPLICATION as given
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -74,6 +82,8 @@ class Settings:
             max_cached_workflows=os.environ.get("ONCEFLOW_MAX_CACHED_WORKFLOWS", ""),
             health_file=env("ONCEFLOW_HEALTH_FILE"),
             agents_enabled=_names(os.environ.get("ONCEFLOW_AGENTS_ENABLED", "")),
+            profile=env("ONCEFLOW_PROFILE"),
+            ledger_replication=env("ONCEFLOW_LEDGER_REPLICATION"),
         )
 
 

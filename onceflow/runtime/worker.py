@@ -25,6 +25,7 @@ from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_model
 from onceflow.runtime.client import connect, ensure_search_attributes
 from onceflow.runtime.config import Settings
 from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
+from onceflow.runtime.ledger_check import check_ledger_at_start
 from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
 from onceflow.runtime.process_exit import exit_after_cleanup
 from onceflow.runtime.shutdown import ShutdownGraceError, shutdown_grace
@@ -137,6 +138,7 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
     registry, ledger = await open_agents_and_ledger(settings, "worker")
     mcp_servers: McpToolsets | None = None
     try:
+        await check_ledger_at_start(ledger, settings)
         mcp_servers = await _start_mcp_servers(registry)
         try:
             grace = shutdown_grace(registry, settings.shutdown_grace)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,12 +17,15 @@ LEDGER = "onceflow"
 
 
 @asynccontextmanager
-async def replicated_ledger(
-    root: Path, *, synchronous: bool
-) -> AsyncIterator[tuple[ReplicatedPostgres, str]]:
+async def replicated_ledger(*, synchronous: bool) -> AsyncIterator[tuple[ReplicatedPostgres, str]]:
     """A primary and a streaming standby with a migrated ledger database; yields the pair and the
-    ledger's multi-host DSN (target_session_attrs=read-write)."""
-    pair = ReplicatedPostgres(root, synchronous=synchronous)
+    ledger's multi-host DSN (target_session_attrs=read-write).
+
+    The servers' folders are made under /tmp, not in pytest's tmp_path: the servers run as another
+    user, and any pytest that starts on the machine makes /tmp/pytest-of-<user> private again, after
+    which a server could no longer reach its own folder."""
+    root = Path(tempfile.mkdtemp(prefix="onceflow-pair-"))
+    pair = ReplicatedPostgres(root / "pg", synchronous=synchronous)
     try:
         pair.start()
         admin = await asyncpg.connect(pair.dsn())
@@ -33,6 +38,7 @@ async def replicated_ledger(
         yield pair, dsn
     finally:
         pair.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def fail_over(pair: ReplicatedPostgres, *, lose_recent_writes: bool = False) -> None:

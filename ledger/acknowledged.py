@@ -39,6 +39,12 @@ def on_acknowledged(listener: AcknowledgedListener) -> None:
     _LISTENERS.append(listener)
 
 
+def phase_of(status: Status | str) -> int:
+    """How far along a call in this status is: waiting to be sent 0, started 1, unknown 2, settled 3,
+    compensated 4."""
+    return _PHASE[Status(status)]
+
+
 def behind(found: ToolExecutionRecord | None, acknowledged: ToolExecutionRecord) -> bool:
     """Is the row older than what was acknowledged: missing, an older attempt, or the same attempt
     at an earlier step?"""

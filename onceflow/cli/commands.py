@@ -166,14 +166,46 @@ def drill(
             hidden=True, help="Tests of the drill only: declare the credit tool's intent allow or reuse."
         ),
     ] = None,
+    replication: Annotated[
+        str | None,
+        typer.Option(help="Run the ledger on a primary and a standby: sync or async replication."),
+    ] = None,
+    failovers: Annotated[int, typer.Option(min=0, help="SIGKILL the primary, promote the standby.")] = 0,
+    failover_every: Annotated[float, typer.Option(min=1, help="Seconds between failovers.")] = 20,
+    lag: Annotated[
+        float, typer.Option(min=0, help="async: hold replication this long before each kill.")
+    ] = 2,
+    temporal_restarts: Annotated[
+        int, typer.Option(min=0, help="SIGKILL the Temporal server and start it again.")
+    ] = 0,
+    temporal_every: Annotated[float, typer.Option(min=1, help="Seconds between Temporal restarts.")] = 20,
+    temporal_down: Annotated[float, typer.Option(min=0, help="Seconds Temporal stays down.")] = 5,
+    operator_every: Annotated[
+        int, typer.Option(min=0, help="Every Nth run waits for an operator to settle its credit.")
+    ] = 0,
 ) -> None:
     """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
-    receiver that honours no idempotency key."""
+    receiver that honours no idempotency key. With --replication / --temporal-restarts, the ledger
+    fails over and Temporal restarts during the drill (docs/operations.md)."""
     from onceflow.drill.cli import run_from_cli
-    from onceflow.drill.scenario import DrillConfig
+    from onceflow.drill.scenario import DrillConfig, InfraConfig
 
     if sabotage_intent not in (None, "allow", "reuse"):
         raise typer.BadParameter("allow or reuse", param_hint="--sabotage-intent")
+    if replication not in (None, "sync", "async"):
+        raise typer.BadParameter("sync or async", param_hint="--replication")
+    if failovers and replication is None:
+        raise typer.BadParameter("failovers need --replication sync or async", param_hint="--failovers")
+    infra = InfraConfig(
+        replication=replication,
+        failovers=failovers,
+        failover_every=failover_every,
+        lag_seconds=lag if replication == "async" else 0.0,
+        temporal_restarts=temporal_restarts,
+        temporal_every=temporal_every,
+        temporal_down=temporal_down,
+        operator_every=operator_every,
+    )
     config = DrillConfig(
         runs=runs,
         seed=seed,
@@ -185,6 +217,7 @@ def drill(
         timeout=timeout,
         sabotage=sabotage_resend_after_timeout,
         sabotage_intent=sabotage_intent,
+        infra=infra,
     )
     exit_after_cleanup(run_from_cli(config))
 

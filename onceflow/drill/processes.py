@@ -20,11 +20,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 from temporalio.client import Client
 
+from onceflow.drill.ack_worker import ACK_LOG_ENV
 from onceflow.drill.points import MARKERS_ENV
 from onceflow.drill.tools import SABOTAGE_INTENT_ENV
 from onceflow.ledger import migrate
 from onceflow.local.extras import MissingExtraError
 from onceflow.local.postgres import EmbeddedPostgres, create_database
+from onceflow.local.replication import ReplicatedPostgres
 from onceflow.runtime.client import search_attribute_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -76,10 +78,17 @@ class DrillProcesses:
         *,
         sabotage: bool = False,
         sabotage_intent: str | None = None,
+        replication: str | None = None,
     ) -> None:
         self.run_dir = run_dir
         # Tests of the drill only: start the broken worker of sabotage.py instead of worker.py.
         self.worker_command = ["-m", "onceflow.drill.sabotage"] if sabotage else ["worker.py"]
+        # The infrastructure drills (infra.py): the ledger on a primary and a standby ("sync" or
+        # "async" replication), and workers that log every ledger write they saw acknowledged.
+        self.replication = replication
+        self.pair: ReplicatedPostgres | None = None
+        if replication is not None and not sabotage:
+            self.worker_command = ["-m", "onceflow.drill.ack_worker"]
         # Tests of the drill only: the credit tool declared with this intent instead (tools.py).
         self.sabotage_intent = sabotage_intent
         self.logs = run_dir / "logs"
@@ -90,6 +99,7 @@ class DrillProcesses:
         self.database_url = ""
         self.billing_url = ""
         self._temporal: subprocess.Popen[bytes] | None = None
+        self._temporal_port = 0
         self._billing: subprocess.Popen[bytes] | None = None
         self._postgres: EmbeddedPostgres | None = None
 
@@ -102,9 +112,16 @@ class DrillProcesses:
         self.logs.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.temporal_address = f"127.0.0.1:{port}"
+        self._temporal_port = port
         self._temporal = self._spawn("temporal", self._temporal_command(port))
-        self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
-        self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
+        if self.replication is None:
+            self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
+            self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
+        else:
+            self.pair = ReplicatedPostgres(self.run_dir / "pg", synchronous=self.replication == "sync")
+            await asyncio.to_thread(self.pair.start)
+            await create_database(self.pair.dsn(), LEDGER_DATABASE, if_missing=True)
+            self.database_url = self.pair.dsn(LEDGER_DATABASE)
         await migrate(self.database_url)
         billing_port = free_port()
         self.billing_url = f"http://127.0.0.1:{billing_port}"
@@ -152,6 +169,9 @@ class DrillProcesses:
             MARKERS_ENV: str(self.markers),
             "OTEL_TRACES_EXPORTER": "none",
         }
+        if self.replication is not None:
+            (self.run_dir / "acks").mkdir(exist_ok=True)
+            environment[ACK_LOG_ENV] = str(self.run_dir / "acks" / f"{name}.jsonl")
         environment.pop(SABOTAGE_INTENT_ENV, None)
         if self.sabotage_intent:
             environment[SABOTAGE_INTENT_ENV] = self.sabotage_intent
@@ -210,6 +230,17 @@ class DrillProcesses:
                 start_new_session=True,
             )
 
+    async def kill_temporal(self) -> None:
+        """SIGKILL the Temporal dev server (its database file stays as the crash left it)."""
+        if self._temporal is not None:
+            kill_group(self._temporal)
+            await asyncio.to_thread(self._temporal.wait)
+
+    async def start_temporal(self) -> None:
+        """Start the dev server again on the same address and database file; wait until it answers."""
+        self._temporal = self._spawn("temporal", self._temporal_command(self._temporal_port))
+        await self._wait_for_temporal()
+
     async def _wait_for_temporal(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while True:
@@ -255,3 +286,6 @@ class DrillProcesses:
         if self._postgres is not None:
             await asyncio.to_thread(self._postgres.stop)
             self._postgres = None
+        if self.pair is not None:
+            await asyncio.to_thread(self.pair.stop)
+            self.pair = None

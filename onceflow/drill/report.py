@@ -85,6 +85,7 @@ class DrillReport:
     problems: list[str]
     receiver: dict[str, Any] = field(default_factory=dict)  # how billing was run (dedup or not)
     teardown_seconds: float = 0.0  # stopping the processes, after the checks
+    infra: dict[str, Any] = field(default_factory=dict)  # the infrastructure drills (infra_report.py)
 
     @property
     def ok(self) -> bool:
@@ -123,6 +124,12 @@ class DrillReport:
             )
         for name, value in self.totals.items():
             lines.append(f"{name}: {value}")
+        for event in self.infra.get("events", []):
+            lines.append(f"{event['kind']} at {event['at_seconds']}s: {event['detail']}")
+        for item in self.infra.get("disagreements", []):
+            lines.append(
+                f"ledger and Temporal disagreed: {item['key']}: run said {item['run_said']}, ledger {item['ledger']}"
+            )
         for item in self.unresolved:
             lines.append(f"left {item.status}: {item.key}: {item.why} (reconciler: {item.reconciler})")
         lines.extend(f"note: {note}" for note in self.notes)

@@ -17,6 +17,8 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
+from onceflow.drill.infra import InfraChaos
+from onceflow.drill.infra_report import add_infra_report
 from onceflow.drill.judge import RunEnd
 from onceflow.drill.kills import Killer
 from onceflow.drill.points import arm, still_armed
@@ -33,7 +35,7 @@ from onceflow.drill.scenario import (
     plan_runs,
 )
 from onceflow.examples.billing.client import BillingClient
-from onceflow.ledger import Ledger
+from onceflow.ledger import Ledger, LedgerUnavailableError
 from onceflow.runtime.client import connect, start_run
 from onceflow.runtime.config import Settings
 from onceflow.runtime.constants import PHASE, UNRESOLVED_KEYS
@@ -73,6 +75,7 @@ class Drill:
             self.config.workers,
             sabotage=self.config.sabotage,
             sabotage_intent=self.config.sabotage_intent,
+            replication=self.config.infra.replication,
         )
         started = time.monotonic()
         try:
@@ -84,11 +87,14 @@ class Drill:
             ledger = await Ledger.connect(processes.database_url)
             try:
                 async with BillingClient(processes.billing_url) as billing:
-                    plans = plan_runs(self.config.runs, self.config.seed)
+                    plans = plan_runs(self.config.runs, self.config.seed, self.config.infra.operator_every)
                     killer = Killer(
                         processes, ledger, billing, markers, {p.run_id: p for p in plans}, started
                     )
-                    await self._drive(client, billing, killer, plans, markers, started)
+                    infra = InfraChaos(processes, self.config.infra, ledger, billing, plans, started)
+                    await self._drive(client, billing, killer, plans, markers, started, infra)
+                    if self.config.infra.replication:
+                        await infra.settle_lost_calls({run_id: t.end for run_id, t in self.tracked.items()})
                     report = await collect_report(
                         config=self.config,
                         run_dir=self.run_dir,
@@ -101,6 +107,8 @@ class Drill:
                         database_url=processes.database_url,
                         wall_seconds=time.monotonic() - started,
                     )
+                    if self.config.infra.active:
+                        await add_infra_report(report, infra, self.run_dir, processes.database_url)
             finally:
                 await ledger.close()
         finally:
@@ -117,6 +125,7 @@ class Drill:
         plans: list[PlannedRun],
         markers: Path,
         started: float,
+        infra: InfraChaos,
     ) -> None:
         stop_watch, stop_chaos = asyncio.Event(), asyncio.Event()
         rng = random.Random(self.config.seed + 1)
@@ -127,21 +136,37 @@ class Drill:
         ]
         if self.config.random_kills:
             background.append(asyncio.create_task(killer.chaos(stop_chaos, rng, self.config.kill_interval)))
+        # The infrastructure's faults run to their count, whatever the runs are doing.
+        infra_tasks = [
+            asyncio.create_task(infra.failovers(stop_watch)),
+            asyncio.create_task(infra.temporal_restarts(stop_watch, client)),
+        ]
+        background += infra_tasks
+        operator_done = not infra.operator_runs
         deadline = started + self.config.timeout
         pending = list(plans)
         try:
             while time.monotonic() < deadline:
                 in_flight = [t for t in self.tracked.values() if t.end is None]
-                while pending and len(in_flight) < self.config.concurrency:
-                    plan = pending.pop(0)
-                    in_flight.append(await self._start(client, billing, plan, markers))
+                while pending and len(in_flight) < self.config.concurrency and not infra.temporal_down:
+                    try:
+                        in_flight.append(await self._start(client, billing, pending[0], markers))
+                    except RPCError:
+                        break  # Temporal is away (a restart): start it next round
+                    pending.pop(0)
                 await self._observe(client, killer.ledger, in_flight)
                 await killer.replace_exited()
                 # Random kills go on while planned points wait to be reached; the tail then runs out
                 # undisturbed (each kill can cost a run a minute of activity timeouts).
                 if not pending and not self._points_waiting(markers):
                     stop_chaos.set()
-                if not pending and all(t.end is not None for t in self.tracked.values()):
+                chaos_over = all(task.done() for task in infra_tasks)
+                others_done = all(t.end is not None for t in self.tracked.values() if not t.plan.operator)
+                if not operator_done and not pending and chaos_over and others_done:
+                    # Only runs waiting for an operator are left: the operator settles them.
+                    await infra.settle_the_rest(client)
+                    operator_done = True
+                if not pending and chaos_over and all(t.end is not None for t in self.tracked.values()):
                     return
                 await asyncio.sleep(0.25)
             for tracked in self.tracked.values():
@@ -179,8 +204,8 @@ class Drill:
         for tracked in in_flight:
             try:
                 tracked.end = await _run_end(client, ledger, tracked.handle)
-            except RPCError:
-                continue  # Temporal busy: look again next round
+            except (RPCError, LedgerUnavailableError):
+                continue  # Temporal or the ledger busy or away: look again next round
 
 
 async def _run_end(client: Client, ledger: Ledger, handle: RunHandle) -> RunEnd | None:

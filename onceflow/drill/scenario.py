@@ -18,6 +18,9 @@ TENANT = "drill"
 # order's credit once more, after the model heard both twins' outcomes (a new effect, owed). Five
 # model turns, two reads, five writes. The credit tool declares no intent, so the ledger's default
 # rule (`hold`, ledger/guards.py) decides: the unheard twin is the same intent, the heard repeat is not.
+# A run paused on an unknown call reads the ledger itself this often (tool_policy.recheck_interval),
+# whatever signal it missed: the Temporal restart drill holds runs to it once Temporal is back.
+RECHECK_SECONDS = 10.0
 AGENTS_YAML = f"""\
 toolsets:
   drill-billing: onceflow.drill.tools:toolset
@@ -59,6 +62,7 @@ agents:
       reconcile_deadline: 5m
       reconcile_initial_interval: 0.5s
       reconcile_max_interval: 2s
+      recheck_interval: {RECHECK_SECONDS:g}s
 """
 MODEL_TURNS = 5
 ORIGINAL_CALL = "call_1_0"  # the order-amount credit
@@ -92,6 +96,9 @@ class PlannedRun:
     point: KillPoint | None = None
     condition: dict[str, Any] = field(default_factory=dict)
     fault: str | None = None  # billing fault mode set on the account before the run starts
+    # Its first credit's answer is lost and its reconcile hook cannot tell (an account of
+    # OPERATOR_ACCOUNTS): the run waits until an operator settles the call (the infrastructure drills).
+    operator: bool = False
 
     @property
     def account_id(self) -> str:
@@ -104,7 +111,11 @@ class PlannedRun:
         return f"{self.run_id}:{tool_call_id}"
 
 
-def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
+# Accounts whose credits only an operator can settle: the drill's reconcile hook answers "unknown".
+OPERATOR_ACCOUNTS = "acct_op"
+
+
+def plan_runs(runs: int, seed: int, operator_every: int = 0) -> list[PlannedRun]:
     """Runs in start order; run i meets CYCLE[i % 7], with details drawn from the seed.
 
     The first credit's answer is lost on purpose in a good share of them: `downstream` and `reconcile`
@@ -138,8 +149,31 @@ def plan_runs(runs: int, seed: int) -> list[PlannedRun]:
             run.fault = "apply_then_hang"
         else:
             run.fault = "locked"
+        if operator_every and index % operator_every == operator_every - 1:
+            # No kill point: its first credit applies and hangs, and no hook can say so.
+            run = PlannedRun(
+                index, run.run_id, f"ord_op{seed}n{index}", fault="apply_then_hang", operator=True
+            )
         planned.append(run)
     return planned
+
+
+@dataclass(frozen=True)
+class InfraConfig:
+    """The infrastructure drills (infra.py): the ledger fails over, Temporal restarts."""
+
+    replication: str | None = None  # "sync" or "async": the ledger on a primary and a standby
+    failovers: int = 0  # primary SIGKILLed and standby promoted, this many times
+    failover_every: float = 20.0  # seconds between failovers (the first after this long too)
+    lag_seconds: float = 0.0  # async: replication held this long before the kill (writes lost)
+    temporal_restarts: int = 0  # the dev server SIGKILLed and started again, this many times
+    temporal_every: float = 20.0
+    temporal_down: float = 5.0  # seconds it stays down each time
+    operator_every: int = 0  # every Nth run waits for an operator (OPERATOR_ACCOUNTS)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.replication or self.temporal_restarts or self.operator_every)
 
 
 @dataclass(frozen=True)
@@ -158,6 +192,7 @@ class DrillConfig:
     sabotage: bool = False
     # Tests of the drill only: the credit tool declared with this intent (allow or reuse), not the default.
     sabotage_intent: str | None = None
+    infra: InfraConfig = field(default_factory=lambda: InfraConfig())
 
     def run_dir(self) -> Path:
         return self.data_dir.resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{self.seed}-runs{self.runs}"

@@ -19,6 +19,7 @@ from onceflow import (
     read,
 )
 from onceflow.drill.points import KillPoint, claim, hold
+from onceflow.drill.scenario import OPERATOR_ACCOUNTS
 from onceflow.examples.billing.client import BillingClient
 from onceflow.examples.billing.tools import send_credit
 from onceflow.models import Model
@@ -62,7 +63,12 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
 
 
 async def find_credit(account_id: str, amount_cents: int, context: ToolContext) -> ReconcileOutcome:
-    """Reconcile hook: fence the key, so that "no credit" stays true, or return the credit found."""
+    """Reconcile hook: fence the key, so that "no credit" stays true, or return the credit found.
+
+    Accounts the infrastructure drills reserve for operators (OPERATOR_ACCOUNTS): it cannot tell,
+    and only an operator settles the call."""
+    if account_id.startswith(OPERATOR_ACCOUNTS):
+        return ReconcileOutcome.unknown(note="only an operator can tell (a drill account)")
     async with _billing(CREDIT_TIMEOUT.total_seconds()) as client:
         credit = await client.fence_key(context.idempotency_key)
     # Kill point: the hook knows the answer, the ledger does not yet.

@@ -159,17 +159,17 @@ class LostWrites(LedgerBase):
         source: EventSource,
         detail: dict[str, Any],
     ) -> ToolExecutionRecord:
-        if found.status is not Status.INDETERMINATE or found.attempt != acknowledged.attempt:
-            row = await conn.fetchrow(
-                queries.RESTORE_BEHIND,
-                found.key,
-                acknowledged.attempt,
-                acknowledged.owner,
-                why,
-                found.status.value,
-                found.attempt,
-            )
-            found = to_record(row)  # under the row lock: the compare-and-set holds
+        # Also when it is unknown already (a settlement was lost): its reason becomes this one.
+        row = await conn.fetchrow(
+            queries.RESTORE_BEHIND,
+            found.key,
+            acknowledged.attempt,
+            acknowledged.owner,
+            why,
+            found.status.value,
+            found.attempt,
+        )
+        found = to_record(row)  # under the row lock: the compare-and-set holds
         await self.insert_event(
             conn,
             found.key,

@@ -226,7 +226,7 @@ class InfraChaos:
                 self.notes.append(f"operator's signal to {run_id} failed: {exc.message}")
         return len(settled)
 
-    async def settle_lost_calls(self, ends: dict[str, RunEnd | None]) -> None:
+    async def settle_lost_calls(self, client: Client, ends: dict[str, RunEnd | None]) -> None:
         """After the runs: the calls a failover lost and that are still unknown. Where the run had
         already been told an outcome, the ledger and Temporal's history disagree: noted. The operator
         then settles each from billing's record, as for any unknown call in the queue."""
@@ -267,6 +267,12 @@ class InfraChaos:
             except AlreadySettledError:
                 continue
             self.events.append(InfraEvent("operator_settle", self._now(), {"key": record.key, "lost": True}))
+            try:  # as the operator API does: a run still waiting on it reads the ledger now
+                await client.get_workflow_handle(record.run_id).signal(
+                    "resolve", ResolveSignal(key=record.key, actor=OPERATOR)
+                )
+            except RPCError:
+                pass  # the run has ended
 
 
 async def _stopped(stop: asyncio.Event, seconds: float) -> bool:

@@ -94,7 +94,7 @@ class Drill:
                     infra = InfraChaos(processes, self.config.infra, ledger, billing, plans, started)
                     await self._drive(client, billing, killer, plans, markers, started, infra)
                     if self.config.infra.replication:
-                        await infra.settle_lost_calls({run_id: t.end for run_id, t in self.tracked.items()})
+                        await infra.settle_lost_calls(client, {r: t.end for r, t in self.tracked.items()})
                     report = await collect_report(
                         config=self.config,
                         run_dir=self.run_dir,

@@ -96,8 +96,17 @@ ISOLATION = "read committed"
 # The server probes an idle client's socket after this many seconds, this often, this many times:
 # a worker whose host vanished without closing its socket is noticed while a statement of its waits
 # on a lock, which client_connection_check_interval alone cannot see (it sees closed sockets only).
+# Keepalives only probe a socket with nothing unacknowledged on it: when the host vanished while the
+# server's answer was on its way (a statement that ended just then), the kernel retransmits instead,
+# for up to about 15 minutes, holding the transaction's locks. tcp_user_timeout (milliseconds)
+# closes such a connection once data has gone unacknowledged that long (tests/test_partitions.py).
 # No effect over a Unix socket.
-KEEPALIVES = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
+KEEPALIVES = {
+    "tcp_keepalives_idle": 10,
+    "tcp_keepalives_interval": 5,
+    "tcp_keepalives_count": 3,
+    "tcp_user_timeout": 25_000,
+}
 _SESSION_SETTINGS = "; ".join(
     [
         f"SET client_connection_check_interval = '{CLIENT_CHECK_INTERVAL}'",

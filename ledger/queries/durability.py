@@ -6,7 +6,8 @@ SETTINGS = """
 SELECT name, setting FROM pg_settings
  WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'synchronous_standby_names',
                 'default_transaction_isolation', 'transaction_isolation', 'tcp_keepalives_idle',
-                'tcp_keepalives_interval', 'tcp_keepalives_count', 'client_connection_check_interval',
+                'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout',
+                'client_connection_check_interval',
                 'data_checksums', 'wal_level')
 """
 

@@ -183,6 +183,12 @@ def drill(
     operator_every: Annotated[
         int, typer.Option(min=0, help="Every Nth run waits for an operator to settle its credit.")
     ] = 0,
+    partition: Annotated[
+        list[str] | None,
+        typer.Option(help="Cut a worker from postgres, temporal or both (repeat: in order; needs root)."),
+    ] = None,
+    partition_seconds: Annotated[float, typer.Option(min=1, help="How long each cut lasts.")] = 20,
+    partition_every: Annotated[float, typer.Option(min=1, help="Seconds between cuts.")] = 10,
 ) -> None:
     """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
     receiver that honours no idempotency key. With --replication / --temporal-restarts, the ledger
@@ -196,6 +202,11 @@ def drill(
         raise typer.BadParameter("sync or async", param_hint="--replication")
     if failovers and replication is None:
         raise typer.BadParameter("failovers need --replication sync or async", param_hint="--failovers")
+    partitions = tuple(partition or ())
+    if any(kind not in ("postgres", "temporal", "both") for kind in partitions):
+        raise typer.BadParameter("postgres, temporal or both", param_hint="--partition")
+    if partitions and replication is None:
+        replication = "sync"  # the ledger must listen on the lab's address: a primary and a standby
     infra = InfraConfig(
         replication=replication,
         failovers=failovers,
@@ -205,6 +216,9 @@ def drill(
         temporal_every=temporal_every,
         temporal_down=temporal_down,
         operator_every=operator_every,
+        partitions=partitions,
+        partition_seconds=partition_seconds,
+        partition_every=partition_every,
     )
     config = DrillConfig(
         runs=runs,

@@ -1,5 +1,6 @@
 """The infrastructure drills: the ledger's primary dies and its standby takes over, the Temporal
-server is SIGKILLed and started again, and an operator settles what only an operator can.
+server is SIGKILLed and started again, a worker's network is cut (partitions.py), and an operator
+settles what only an operator can.
 
 - Failovers (`InfraConfig.replication`, `failovers`): every `failover_every` seconds the primary's
   whole process tree is SIGKILLed, the standby promoted (`pg_ctl promote`) and a fresh standby made
@@ -29,6 +30,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from onceflow.drill.judge import RunEnd
+from onceflow.drill.partitions import Partitions
 from onceflow.drill.processes import DrillProcesses
 from onceflow.drill.scenario import ORIGINAL_CALL, RECHECK_SECONDS, TENANT, InfraConfig, PlannedRun
 from onceflow.examples.billing.client import BillingClient
@@ -60,7 +62,7 @@ class Resume:
     resumed_after: float | None = None  # seconds after Temporal was back; None: never seen
 
 
-class InfraChaos:
+class InfraChaos(Partitions):
     def __init__(
         self,
         processes: DrillProcesses,
@@ -70,6 +72,7 @@ class InfraChaos:
         plans: list[PlannedRun],
         started: float,
     ) -> None:
+        super().__init__()
         self.processes = processes
         self.config = config
         self.ledger = ledger

@@ -93,7 +93,7 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
     elif config.replication == "async":
         invariants["lost_writes_made_visible"] = not silent
         problems += [f"lost_writes_made_visible: {key}: lost without a {LOST_KIND} event" for key in silent]
-    if config.replication:
+    if config.replication and config.failovers:
         invariants["failovers_done"] = len(failovers) == config.failovers
     if config.temporal_restarts:
         invariants["temporal_restarts_done"] = len(restarts) == config.temporal_restarts
@@ -107,8 +107,20 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
             )
             for r in late
         ]
-    if not failovers and config.replication:
+    if not failovers and config.replication and config.failovers:
         problems.append("failovers_done: no failover happened")
+    if config.partitions:
+        invariants["partitions_done"] = len(infra.cuts) == len(config.partitions)
+        caught = [c for c in infra.cuts if c.on_the_wire]
+        invariants["partitions_caught_calls_on_the_wire"] = len(caught) == len(infra.cuts)
+        problems += [
+            f"partitions_caught_calls_on_the_wire: {c.kind} cut of {c.worker} at {c.at_seconds}s: no call on the wire"
+            for c in infra.cuts
+            if not c.on_the_wire
+        ]
+        still_started = [key for key, row in rows.items() if row["status"] == "started"]
+        invariants["no_call_left_started"] = not still_started
+        problems += [f"no_call_left_started: {key}" for key in still_started]
 
     by_kind: dict[str, int] = defaultdict(int)
     for ack in acks:
@@ -133,6 +145,10 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
                 (r.resumed_after for r in infra.resumes if r.resumed_after is not None), default=None
             ),
             "operator_settlements": sum(1 for e in infra.events if e.kind == "operator_settle"),
+            "partitions": len(infra.cuts),
+            "calls_on_the_wire_at_cuts": sum(len(c.on_the_wire) for c in infra.cuts),
+            "calls_seen_started_past_lease": len(infra.past_lease),
+            "longest_started_past_lease_s": round(max(infra.past_lease.values(), default=0.0), 1),
         }
     )
     report.infra = {
@@ -141,4 +157,6 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
         "disagreements": infra.disagreements,
         "lost_in_failover": sorted(lost),
         "behind_at_end": sorted(behind),
+        "cuts": [vars(c) for c in infra.cuts],
+        "started_past_lease": {k: round(v, 1) for k, v in sorted(infra.past_lease.items())},
     }

@@ -21,6 +21,7 @@ import httpx
 from temporalio.client import Client
 
 from onceflow.drill.ack_worker import ACK_LOG_ENV
+from onceflow.drill.netns import NetworkLab
 from onceflow.drill.points import MARKERS_ENV
 from onceflow.drill.tools import SABOTAGE_INTENT_ENV
 from onceflow.ledger import migrate
@@ -35,9 +36,9 @@ NAMESPACE = "default"
 TASK_QUEUE = "drill"
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -79,6 +80,7 @@ class DrillProcesses:
         sabotage: bool = False,
         sabotage_intent: str | None = None,
         replication: str | None = None,
+        partitions: bool = False,
     ) -> None:
         self.run_dir = run_dir
         # Tests of the drill only: start the broken worker of sabotage.py instead of worker.py.
@@ -89,6 +91,10 @@ class DrillProcesses:
         self.pair: ReplicatedPostgres | None = None
         if replication is not None and not sabotage:
             self.worker_command = ["-m", "onceflow.drill.ack_worker"]
+        # The partition drill: each worker on a network namespace of its own, the services on the
+        # lab's bridge address (netns.py), so that one worker can be cut off from them.
+        self.lab = NetworkLab() if partitions else None
+        self.host = "127.0.0.1"
         # Tests of the drill only: the credit tool declared with this intent instead (tools.py).
         self.sabotage_intent = sabotage_intent
         self.logs = run_dir / "logs"
@@ -110,22 +116,30 @@ class DrillProcesses:
 
     async def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        self.temporal_address = f"127.0.0.1:{port}"
+        if self.lab is not None:
+            self.lab.open()
+            self.host = self.lab.service_address
+            for slot in self.slots:
+                self.lab.add_host(slot.name)
+        port = free_port(self.host)
+        self.temporal_address = f"{self.host}:{port}"
         self._temporal_port = port
         self._temporal = self._spawn("temporal", self._temporal_command(port))
         if self.replication is None:
             self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
             self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
         else:
-            self.pair = ReplicatedPostgres(self.run_dir / "pg", synchronous=self.replication == "sync")
+            self.pair = ReplicatedPostgres(
+                self.run_dir / "pg", synchronous=self.replication == "sync", hosts=(self.host, self.host)
+            )
             await asyncio.to_thread(self.pair.start)
             await create_database(self.pair.dsn(), LEDGER_DATABASE, if_missing=True)
             self.database_url = self.pair.dsn(LEDGER_DATABASE)
         await migrate(self.database_url)
-        billing_port = free_port()
-        self.billing_url = f"http://127.0.0.1:{billing_port}"
+        billing_port = free_port(self.host)
+        self.billing_url = f"http://{self.host}:{billing_port}"
         billing = [sys.executable, "-m", "onceflow.examples.billing.service", "--port", str(billing_port)]
+        billing += ["--host", self.host]
         billing += ["--db", str(self.billing_db), "--log-level", "warning"]
         # Honour no key: a key sent twice applies twice, and every request is counted on arrival.
         billing += ["--no-dedup"]
@@ -144,7 +158,7 @@ class DrillProcesses:
             "server",
             "start-dev",
             "--ip",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(port),
             "--headless",
@@ -180,9 +194,10 @@ class DrillProcesses:
     def start_worker(self, slot: WorkerSlot) -> None:
         slot.incarnation += 1
         name = f"{slot.name}-{slot.incarnation}"
-        slot.process = self._spawn(
-            name, [sys.executable, *self.worker_command], self.worker_environment(name)
-        )
+        command = [sys.executable, *self.worker_command]
+        if self.lab is not None:
+            command = self.lab.hosts[slot.name].command(command)  # `ip netns exec` keeps the pid
+        slot.process = self._spawn(name, command, self.worker_environment(name))
         slot.pids.append(slot.process.pid)
 
     def slot_named(self, name: str) -> WorkerSlot | None:
@@ -289,3 +304,5 @@ class DrillProcesses:
         if self.pair is not None:
             await asyncio.to_thread(self.pair.stop)
             self.pair = None
+        if self.lab is not None:
+            self.lab.close()

@@ -126,6 +126,11 @@ class DrillReport:
             lines.append(f"{name}: {value}")
         for event in self.infra.get("events", []):
             lines.append(f"{event['kind']} at {event['at_seconds']}s: {event['detail']}")
+        for cut in self.infra.get("cuts", []):
+            lines.append(
+                f"cut {cut['worker']} from {cut['kind']} at {cut['at_seconds']}s for {cut['seconds']}s; "
+                f"on the wire: {', '.join(cut['on_the_wire']) or 'nothing'}"
+            )
         for item in self.infra.get("disagreements", []):
             lines.append(
                 f"ledger and Temporal disagreed: {item['key']}: run said {item['run_said']}, ledger {item['ledger']}"

@@ -76,6 +76,7 @@ class Drill:
             sabotage=self.config.sabotage,
             sabotage_intent=self.config.sabotage_intent,
             replication=self.config.infra.replication,
+            partitions=bool(self.config.infra.partitions),
         )
         started = time.monotonic()
         try:
@@ -140,7 +141,9 @@ class Drill:
         infra_tasks = [
             asyncio.create_task(infra.failovers(stop_watch)),
             asyncio.create_task(infra.temporal_restarts(stop_watch, client)),
+            asyncio.create_task(infra.partitions(stop_watch)),
         ]
+        background.append(asyncio.create_task(infra.watch_leases(stop_watch)))
         background += infra_tasks
         operator_done = not infra.operator_runs
         deadline = started + self.config.timeout

@@ -170,10 +170,16 @@ class InfraConfig:
     temporal_every: float = 20.0
     temporal_down: float = 5.0  # seconds it stays down each time
     operator_every: int = 0  # every Nth run waits for an operator (OPERATOR_ACCOUNTS)
+    # Network partitions (netns.py), in order, each of one worker, while it has a call on the wire:
+    # "postgres", "temporal" or "both"; each lasts `partition_seconds` and starts `partition_every`
+    # seconds after the last one healed.
+    partitions: tuple[str, ...] = ()
+    partition_seconds: float = 20.0
+    partition_every: float = 10.0
 
     @property
     def active(self) -> bool:
-        return bool(self.replication or self.temporal_restarts or self.operator_every)
+        return bool(self.replication or self.temporal_restarts or self.operator_every or self.partitions)
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,7 @@ class ReplicatedPostgres:
     returns only once the standby has the WAL on disk; a primary without its standby then waits
     (writes hang) until a standby attaches again. `synchronous=False`: the standby trails
     asynchronously, and a commit the primary acknowledged can be lost when it dies.
+    `standby=False`: the primary alone, a TCP server for tests that need one on a given address.
     """
 
     def __init__(
@@ -116,6 +117,7 @@ class ReplicatedPostgres:
         hosts: tuple[str, str] = ("127.0.0.1", "127.0.0.1"),
         extra_listen: tuple[str, ...] = (),
         settings: dict[str, str] | None = None,
+        standby: bool = True,
     ) -> None:
         self.root = root
         self.synchronous = synchronous
@@ -129,7 +131,10 @@ class ReplicatedPostgres:
             Node("pg-b", root / "pg-b", second, free_port(second)),
         ]
         self.primary = self.nodes[0]
-        self.standby: Node | None = self.nodes[1]
+        self.standby: Node | None = self.nodes[1] if standby else None
+        if not standby:  # one server alone: nothing to replicate to, nothing to wait for
+            self.nodes = self.nodes[:1]
+            self.synchronous = False
         self.generation = 0  # how many times the data folders were made (a rebuilt standby is new)
         self.failovers = 0
         self._held: list[int] = []
@@ -153,8 +158,8 @@ class ReplicatedPostgres:
         give_to(self.root, self._user)
         self._initdb(self.primary)
         self._launch(self.primary, timeout)
-        assert self.standby is not None
-        self._make_standby(self.standby, timeout)
+        if self.standby is not None:
+            self._make_standby(self.standby, timeout)
 
     def kill_primary(self) -> Node:
         """SIGKILL every process of the primary at once, postmaster first: the server is gone with

@@ -130,7 +130,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                 execution=execution,
                 not_after=not_after,
             )
-            if guarded.may_send:
+            if guarded.record.owner == owner:  # this reservation wrote the row (sent or not)
                 self.acknowledge(guarded.record)
             return guarded
         initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
@@ -159,8 +159,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     outcome = Reservation.NEW if row["inserted"] else Reservation.RETRY
                     if record.status is Status.AWAITING_APPROVAL:
                         outcome = Reservation.AWAITING_APPROVAL
-                    else:
-                        self.acknowledge(record)
+                    self.acknowledge(record)
                     self.annotate(record, outcome)
                     return ReserveResult(outcome=outcome, record=record)
                 existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,7 +31,7 @@ from onceflow.ledger import queries
 from onceflow.ledger.acknowledged import behind
 from onceflow.ledger.base import LedgerBase, to_json
 from onceflow.ledger.records import ToolExecutionRecord, to_record
-from onceflow.ledger.status import EventSource, Status
+from onceflow.ledger.status import EventSource, FailureKind, Status
 from onceflow.ledger.timelines import switch_since
 
 log = logging.getLogger("onceflow.ledger")
@@ -41,9 +42,24 @@ LOST_KIND = "lost_in_failover"  # the event a restored call carries
 CLOCK_SLACK = timedelta(seconds=30)
 
 
+def never_sent_at_all(record: ToolExecutionRecord) -> bool:
+    """Was this call, as recorded, never sent under its key (held, waiting for approval, refused by a
+    guard, or answered with its twin's result)?"""
+    return (
+        record.status in (Status.HELD, Status.AWAITING_APPROVAL)
+        or record.reused_from is not None
+        or (record.status is Status.FAILED and record.failure_kind is FailureKind.GUARD_REFUSED)
+    )
+
+
 def _why(acknowledged: ToolExecutionRecord, found: ToolExecutionRecord | None, timeline: int | None) -> str:
     was = "no record" if found is None else f"{found.status} (attempt {found.attempt})"
     on = f" (now on timeline {timeline})" if timeline is not None else ""
+    if found is None and never_sent_at_all(acknowledged):
+        return (
+            f"lost in a failover of the ledger{on}: written back as it had been acknowledged "
+            f"({acknowledged.status}, attempt {acknowledged.attempt}); it was never sent"
+        )
     return (
         f"lost in a failover of the ledger{on}: it had acknowledged this call {acknowledged.status} "
         f"(attempt {acknowledged.attempt}, owner {acknowledged.owner}), and now holds {was}. It may "
@@ -52,8 +68,18 @@ def _why(acknowledged: ToolExecutionRecord, found: ToolExecutionRecord | None, t
     )
 
 
+RestoredListener = Callable[[list[ToolExecutionRecord]], Awaitable[None]]
+
+
 class LostWrites(LedgerBase):
     """Restore calls a failover lost as visible unknowns; check the acknowledged writes."""
+
+    _restored_listeners: list[RestoredListener]  # set by Ledger.__init__
+
+    def on_restored(self, listener: RestoredListener) -> None:
+        """Call `listener(records)` with the calls each check after a failover made unknown again
+        (the worker starts their reconcilers: onceflow/runtime/lost_calls.py)."""
+        self._restored_listeners.append(listener)
 
     async def restore_lost(
         self,
@@ -90,6 +116,8 @@ class LostWrites(LedgerBase):
             }
             if found is None:
                 restored = await self._insert_lost(conn, acknowledged, why, actor, source, detail)
+            elif never_sent_at_all(acknowledged):
+                return found  # nothing was sent: the run's next reservation decides it again
             else:
                 restored = await self._move_back_to_unknown(
                     conn, acknowledged, found, why, actor, source, detail
@@ -107,6 +135,9 @@ class LostWrites(LedgerBase):
         detail: dict[str, Any],
     ) -> ToolExecutionRecord:
         a = acknowledged
+        # A call never sent is written back as it was acknowledged; any other may have been sent.
+        unsent = never_sent_at_all(a)
+        status, error = (a.status, a.error) if unsent else (Status.INDETERMINATE, why)
         exclusive = a.entity_exclusive
         for _ in range(2):
             try:
@@ -120,11 +151,12 @@ class LostWrites(LedgerBase):
                         a.agent,
                         a.tool_name,
                         a.side_effect.value,
+                        status.value,
                         to_json(a.payload),
                         a.payload_sha256,
                         a.attempt,
                         a.owner,
-                        why,
+                        error,
                         a.created_at,
                         a.entity,
                         exclusive,
@@ -133,8 +165,17 @@ class LostWrites(LedgerBase):
                         a.toolset,
                         a.currency,
                         a.replaces,
+                        to_json(a.result) if unsent else None,
+                        a.failure_kind.value if unsent and a.failure_kind else None,
+                        a.reused_from if unsent else None,
+                        a.held_by if unsent else None,
+                        a.hold_reason if unsent else None,
+                        a.settled_at if unsent else None,
+                        a.settled_by if unsent else None,
+                        a.lease_expires_at if unsent else None,
                         actor,
                         source.value,
+                        why,
                         to_json(detail),
                     )
                 break
@@ -198,9 +239,12 @@ class LostWrites(LedgerBase):
                 restored.append(
                     await self.restore_lost(entry.record, actor=entry.record.owner or "inspector")
                 )
+        unknown = [record for record in restored if record.status is Status.INDETERMINATE]
+        for listener in self._restored_listeners:
+            await listener(unknown)
         log.warning(
             "after the failover from timeline %d to %d: %d acknowledged write(s) checked, %d lost and "
-            "made unknown",
+            "restored",
             previous,
             timeline,
             len(entries),

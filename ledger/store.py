@@ -46,6 +46,7 @@ class Ledger(
 
     def __init__(self, pool: asyncpg.Pool, timelines: Timelines | None = None) -> None:
         super().__init__(pool, timelines)
+        self._restored_listeners = []
         # A failover seen by this process: read again what it saw acknowledged before.
         self.timelines.listen(self._after_failover)
 

@@ -27,22 +27,24 @@ SELECT timeline, first_seen_at FROM onceflow_timelines
 
 SELECT_RECORDS = "SELECT * FROM tool_executions WHERE key = ANY($1::text[])"
 
-# A call a failover lost entirely, written back as `indeterminate` from what its owner had recorded
-# (the row as the owner's reservation returned it), with the event that says why. Nothing if a row
-# for the key exists meanwhile: the caller reads it and decides again.
+# A call a failover lost entirely, written back from the row as its acknowledged write returned it:
+# as `indeterminate` ($8) when it may have been sent, or exactly as acknowledged when it never was
+# (held, awaiting approval, refused by a guard, answered with a twin's result). With the event that
+# says why. Nothing if a row for the key exists meanwhile: the caller reads it and decides again.
 RESTORE_LOST = """
 WITH restored AS (
     INSERT INTO tool_executions
         (key, tenant, run_id, tool_call_id, agent, tool_name, side_effect, status, payload,
          payload_sha256, attempt, owner, error, created_at, entity, entity_exclusive, amount,
-         budget_limit, toolset, currency, replaces)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, 'indeterminate', $8::jsonb, $9, $10, $11, $12, $13,
-            $14, $15, $16, $17, $18, $19, $20)
+         budget_limit, toolset, currency, replaces, result, failure_kind, reused_from, held_by,
+         hold_reason, settled_at, settled_by, lease_expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+            $19, $20, $21, $22::jsonb, $23, $24, $25, $26, $27, $28, $29)
     ON CONFLICT (key) DO NOTHING
     RETURNING *
 ), logged AS (
     INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, reason, detail)
-    SELECT key, $21, 'lost_in_failover', $22, NULL, 'indeterminate', $12, $23::jsonb FROM restored
+    SELECT key, $30, 'lost_in_failover', $31, NULL, status, $32, $33::jsonb FROM restored
 )
 SELECT * FROM restored
 """

@@ -136,7 +136,7 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
             "acknowledged_writes_by_status": dict(by_kind),
             "acknowledged_calls": len(acked),
             "acknowledged_calls_behind_at_end": len(behind),
-            "calls_lost_in_failover_made_unknown": len(lost),
+            "calls_restored_after_failover": len(lost),
             "calls_lost_silently": len(silent),
             "ledger_disagreed_with_temporal": len(infra.disagreements),
             "temporal_restarts": len(restarts),

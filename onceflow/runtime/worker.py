@@ -26,6 +26,7 @@ from onceflow.runtime.client import connect, ensure_search_attributes
 from onceflow.runtime.config import Settings
 from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
 from onceflow.runtime.ledger_check import check_ledger_at_start
+from onceflow.runtime.lost_calls import reconcile_restored
 from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
 from onceflow.runtime.process_exit import exit_after_cleanup
 from onceflow.runtime.shutdown import ShutdownGraceError, shutdown_grace
@@ -146,6 +147,7 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
             raise SystemExit(f"cannot start the worker: {exc}") from exc
         configure_metrics("onceflow-worker", serve_prometheus=True)
         client = await connect(settings, runtime=temporal_runtime())
+        ledger.on_restored(reconcile_restored(client, registry, settings.task_queue))
         added = await ensure_search_attributes(client)
         if added:
             log.info("registered search attributes: %s", ", ".join(added))

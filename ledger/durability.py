@@ -15,9 +15,10 @@ A pooler in transaction mode (PgBouncer's `pool_mode = transaction`) is refused 
 the ledger's session settings would not stay with its statements, and a worker that dies is
 invisible to the server behind it.
 
-Storage-level synchronous replication below PostgreSQL (RDS Multi-AZ instances, Aurora, Cloud SQL
-HA, Azure zone-redundant HA) shows no standby to PostgreSQL; the operator declares it with
-`replication="storage"` (ONCEFLOW_LEDGER_REPLICATION=storage), and the standby check then says so.
+A managed service whose synchronous copy PostgreSQL cannot show to the ledger's role (storage
+replicated beneath PostgreSQL: RDS Multi-AZ instances, Aurora, Cloud SQL HA; or a standby the role
+may not see) is declared by the operator with ONCEFLOW_LEDGER_REPLICATION=managed, and the standby
+check then says it takes the operator's word.
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ class Profile(StrEnum):
 
 
 class Replication(StrEnum):
-    """Where the ledger's synchronous copy lives: a PostgreSQL standby the server can show
-    (`streaming`), or storage replicated beneath PostgreSQL, declared by the operator (`storage`)."""
+    """Where the ledger's synchronous copy lives: a PostgreSQL standby the server shows (`streaming`),
+    or one a managed service keeps where PostgreSQL cannot show it, declared by the operator
+    (`managed`)."""
 
     STREAMING = "streaming"
-    STORAGE = "storage"
+    MANAGED = "managed"
 
 
 @dataclass(frozen=True)
@@ -122,13 +124,13 @@ def _standby_check(
     settings: dict[str, str], standbys: list[asyncpg.Record], replication: Replication
 ) -> Check:
     names = settings.get("synchronous_standby_names", "")
-    if replication is Replication.STORAGE:
+    if replication is Replication.MANAGED:
         return Check(
             "synchronous_standby",
-            "declared: storage replication",
+            "declared: the managed service replicates synchronously",
             Verdict.NOTE,
-            "ONCEFLOW_LEDGER_REPLICATION=storage: the service replicates synchronously beneath "
-            "PostgreSQL (the operator vouches for it; PostgreSQL cannot show it)",
+            "ONCEFLOW_LEDGER_REPLICATION=managed: the operator vouches that the service keeps a "
+            "synchronous copy (PostgreSQL cannot show it to this role)",
         )
     if not names:
         return Check(

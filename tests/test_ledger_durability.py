@@ -53,8 +53,8 @@ async def test_the_embedded_server_passes_development_and_production_refuses_it_
     message = str(stopped.value)
     assert "synchronous_standby" in message and "failover can lose acknowledged writes" in message
     assert "fsync" not in message
-    # A managed service's storage replication, declared, is taken at the operator's word.
-    declared = await check_durability(ledger, replication=Replication.STORAGE)
+    # A managed service's synchronous copy, declared, is taken at the operator's word.
+    declared = await check_durability(ledger, replication=Replication.MANAGED)
     assert not refused(declared, Profile.PRODUCTION)
 
 

@@ -189,6 +189,9 @@ def drill(
     ] = None,
     partition_seconds: Annotated[float, typer.Option(min=1, help="How long each cut lasts.")] = 20,
     partition_every: Annotated[float, typer.Option(min=1, help="Seconds between cuts.")] = 10,
+    sabotage_failover_safety: Annotated[
+        bool, typer.Option(hidden=True, help="Tests of the drill only: workers ignore lost writes.")
+    ] = False,
 ) -> None:
     """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
     receiver that honours no idempotency key. With --replication / --temporal-restarts, the ledger
@@ -219,6 +222,7 @@ def drill(
         partitions=partitions,
         partition_seconds=partition_seconds,
         partition_every=partition_every,
+        sabotage_failover=sabotage_failover_safety,
     )
     config = DrillConfig(
         runs=runs,

@@ -19,9 +19,28 @@ from onceflow.ledger.acknowledged import on_acknowledged
 from onceflow.ledger.records import ToolExecutionRecord
 
 ACK_LOG_ENV = "ONCEFLOW_DRILL_ACK_LOG"
+# Tests of the drill only (`onceflow drill --sabotage-failover-safety`): the worker ignores what a
+# failover lost, as onceflow did before: no checks after a new timeline, a missing row is "not sent",
+# no doubt about a lost attempt. The asynchronous failover drill must then fail.
+SABOTAGE_FAILOVER_ENV = "ONCEFLOW_DRILL_SABOTAGE_FAILOVER"
 
 
-def _logger(out: IO[str]) -> object:
+def _without_failover_safety() -> None:
+    from onceflow.activities import sending
+    from onceflow.ledger.lost_writes import LostWrites
+
+    async def nothing_lost(self: LostWrites, previous: int, timeline: int) -> list[ToolExecutionRecord]:
+        return []
+
+    async def no_failover(self: LostWrites, since: object) -> None:
+        return None
+
+    LostWrites.check_acknowledged = nothing_lost  # type: ignore[method-assign]
+    LostWrites.failover_since = no_failover  # type: ignore[method-assign]
+    sending.behind = lambda found, acknowledged: False  # the old reading: no row, nothing sent
+
+
+def _logger(out: IO[str]) -> None:
     def write(record: ToolExecutionRecord, timeline: int | None) -> None:
         line = {
             "key": record.key,
@@ -36,10 +55,11 @@ def _logger(out: IO[str]) -> object:
         out.flush()
 
     on_acknowledged(write)
-    return write
 
 
 def main() -> None:
+    if os.environ.get(SABOTAGE_FAILOVER_ENV):
+        _without_failover_safety()
     path = os.environ.get(ACK_LOG_ENV)
     if path:
         _logger(Path(path).open("a", buffering=1))  # kept open for the process's life

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 from temporalio.client import Client
 
-from onceflow.drill.ack_worker import ACK_LOG_ENV
+from onceflow.drill.ack_worker import ACK_LOG_ENV, SABOTAGE_FAILOVER_ENV
 from onceflow.drill.netns import NetworkLab
 from onceflow.drill.points import MARKERS_ENV
 from onceflow.drill.tools import SABOTAGE_INTENT_ENV
@@ -81,6 +81,7 @@ class DrillProcesses:
         sabotage_intent: str | None = None,
         replication: str | None = None,
         partitions: bool = False,
+        sabotage_failover: bool = False,
     ) -> None:
         self.run_dir = run_dir
         # Tests of the drill only: start the broken worker of sabotage.py instead of worker.py.
@@ -88,6 +89,7 @@ class DrillProcesses:
         # The infrastructure drills (infra.py): the ledger on a primary and a standby ("sync" or
         # "async" replication), and workers that log every ledger write they saw acknowledged.
         self.replication = replication
+        self.sabotage_failover = sabotage_failover
         self.pair: ReplicatedPostgres | None = None
         if replication is not None and not sabotage:
             self.worker_command = ["-m", "onceflow.drill.ack_worker"]
@@ -183,6 +185,9 @@ class DrillProcesses:
             MARKERS_ENV: str(self.markers),
             "OTEL_TRACES_EXPORTER": "none",
         }
+        environment.pop(SABOTAGE_FAILOVER_ENV, None)
+        if self.sabotage_failover:
+            environment[SABOTAGE_FAILOVER_ENV] = "1"
         if self.replication is not None:
             (self.run_dir / "acks").mkdir(exist_ok=True)
             environment[ACK_LOG_ENV] = str(self.run_dir / "acks" / f"{name}.jsonl")

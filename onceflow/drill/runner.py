@@ -77,6 +77,7 @@ class Drill:
             sabotage_intent=self.config.sabotage_intent,
             replication=self.config.infra.replication,
             partitions=bool(self.config.infra.partitions),
+            sabotage_failover=self.config.infra.sabotage_failover,
         )
         started = time.monotonic()
         try:

@@ -176,6 +176,8 @@ class InfraConfig:
     partitions: tuple[str, ...] = ()
     partition_seconds: float = 20.0
     partition_every: float = 10.0
+    # Tests of the drill only: workers that ignore what a failover lost (ack_worker.py).
+    sabotage_failover: bool = False
 
     @property
     def active(self) -> bool:

@@ -31,8 +31,8 @@ ENVIRONMENT = {
 # wakes. Unset: the SDK's default (1,000). See docs/benchmarks.md (waiting runs).
 # ONCEFLOW_PROFILE: `production` stops a worker whose ledger database can lose an acknowledged write
 # (onceflow/ledger/durability.py; `onceflow doctor` prints the checks); `development` logs them.
-# ONCEFLOW_LEDGER_REPLICATION: `storage` declares a managed service's synchronous replication
-# beneath PostgreSQL, which shows PostgreSQL no standby (docs/operations.md).
+# ONCEFLOW_LEDGER_REPLICATION: `managed` declares a managed service's synchronous copy, which
+# PostgreSQL cannot show the ledger's role (docs/operations.md).
 WORKER_ENVIRONMENT = {
     "ONCEFLOW_PROFILE": "development",
     "ONCEFLOW_LEDGER_REPLICATION": "streaming",

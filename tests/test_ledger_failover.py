@@ -29,7 +29,7 @@ from onceflow.sdk.payloads import OwnerOutcome
 from tests.support.replication import fail_over, replicated_ledger
 
 
-async def _reserve(ledger: Ledger, owner: str) -> ToolExecutionRecord:
+async def _reserve(ledger: Ledger, owner: str, *, approval: bool = False) -> ToolExecutionRecord:
     call = CallIdentity(tenant="t1", run_id=f"run-{uuid.uuid4().hex[:8]}", tool_call_id="call_1_0")
     reserved = await ledger.reserve(
         call,
@@ -38,8 +38,9 @@ async def _reserve(ledger: Ledger, owner: str) -> ToolExecutionRecord:
         arguments={"account_id": "acct_1", "amount_cents": 500},
         owner=owner,
         lease=timedelta(seconds=30),
+        approval=approval,
     )
-    assert reserved.may_send
+    assert reserved.may_send is not approval
     return reserved.record
 
 
@@ -65,6 +66,7 @@ async def test_writes_lost_by_an_asynchronous_failover_become_visible_unknowns()
             completed = await ledger.complete(completed.key, owner="owner-a", result={"credit_id": "c1"})
             started = await _reserve(ledger, "owner-b")
             in_flight = await _reserve(ledger, "owner-c")  # its owner is still sending it
+            waiting = await _reserve(ledger, "owner-d", approval=True)  # never sent
             fail_over(pair, lose_recent_writes=True)
 
             # The first connection to the promoted server meets timeline 2: the process reads again
@@ -80,6 +82,10 @@ async def test_writes_lost_by_an_asynchronous_failover_become_visible_unknowns()
                 assert event.kind == LOST_KIND and event.to_status is Status.INDETERMINATE
                 assert event.detail["acknowledged"]["status"] == lost.status.value
                 assert "lost in a failover" in (record.error or "")
+            # A call never sent is written back as it was: nothing about it is unknown.
+            back = await ledger.get(waiting.key)
+            assert back.status is Status.AWAITING_APPROVAL
+            assert [e.kind for e in back.events] == [LOST_KIND]
             # The operator queue lists them, with why.
             page = await ledger.list_unresolved("t1", statuses=[Status.INDETERMINATE])
             listed = {item.key: item for item in page.records}
@@ -118,12 +124,22 @@ async def test_an_owner_whose_row_is_gone_after_a_failover_records_an_unknown_ca
         try:
             pair.hold_replication()
             reserved = await _reserve(owner_side, "worker-a/act-1#1")
+            unprotected = await _reserve(owner_side, "worker-a/act-9#1")
         finally:
             await owner_side.close()
         fail_over(pair, lose_recent_writes=True)
         other = await Ledger.connect(dsn, process="worker-b")
         try:
             assert await other.find(reserved.key) is None  # lost: "no row" would say "never sent"
+            # What happens when nobody restores a lost call: the ledger lets it be sent again.
+            again = await other.reserve(
+                CallIdentity(tenant="t1", run_id=unprotected.run_id, tool_call_id="call_1_0"),
+                tool_name="issue_credit",
+                side_effect=SideEffect.EXTERNAL,
+                arguments={"account_id": "acct_1", "amount_cents": 500},
+                owner="worker-b/act-10#1",
+            )
+            assert again.may_send
             outcome = await record_outcome(
                 other,
                 OwnerOutcome(

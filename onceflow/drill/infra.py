@@ -26,12 +26,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from onceflow.drill.judge import RunEnd
 from onceflow.drill.partitions import Partitions
-from onceflow.drill.processes import DrillProcesses
+from onceflow.drill.processes import NAMESPACE, TASK_QUEUE, DrillProcesses
 from onceflow.drill.scenario import ORIGINAL_CALL, RECHECK_SECONDS, TENANT, InfraConfig, PlannedRun
 from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import AlreadySettledError, EventSource, Ledger, LedgerUnavailableError, Status
@@ -41,7 +44,7 @@ from onceflow.sdk.payloads import Phase, ResolveSignal
 
 OPERATOR = "operator:drill"
 # How long past the recheck interval a resumed run may take (a workflow task, a ledger read).
-RESUME_SLACK = 5.0
+RESUME_SLACK = 2.0
 
 
 @dataclass
@@ -59,7 +62,15 @@ class Resume:
     key: str
     settled_at: float
     temporal_back_at: float
+    workers_back_at: float | None = None  # both of the task queue's pollers answered again
     resumed_after: float | None = None  # seconds after Temporal was back; None: never seen
+
+    @property
+    def after_workers_back(self) -> float | None:
+        """Seconds from the workers polling again to the run leaving its wait."""
+        if self.resumed_after is None or self.workers_back_at is None:
+            return None
+        return round(self.temporal_back_at + self.resumed_after - self.workers_back_at, 2)
 
 
 class InfraChaos(Partitions):
@@ -144,6 +155,7 @@ class InfraChaos(Partitions):
             await self.processes.start_temporal()
             self.temporal_down = False
             back = self._now()
+            workers_back = await self._workers_polling(client, since=time.time())
             self.events.append(
                 InfraEvent(
                     "temporal_restart",
@@ -156,8 +168,30 @@ class InfraChaos(Partitions):
                 )
             )
             for run_id, key, at in settled:
-                self.resumes.append(Resume(run_id, key, at, back))
+                self.resumes.append(Resume(run_id, key, at, back, workers_back))
             await self._watch_resumes(client)
+
+    async def _workers_polling(self, client: Client, *, since: float, timeout: float = 60.0) -> float | None:
+        """When the task queue's workflow and activity pollers had both come back (drill seconds):
+        from then on the workers can act on what Temporal has for them."""
+        deadline = time.monotonic() + timeout
+        kinds = (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+        while time.monotonic() < deadline:
+            try:
+                seen = []
+                for kind in kinds:
+                    described = await client.workflow_service.describe_task_queue(
+                        DescribeTaskQueueRequest(
+                            namespace=NAMESPACE, task_queue=TaskQueue(name=TASK_QUEUE), task_queue_type=kind
+                        )
+                    )
+                    seen.append(any(p.last_access_time.ToSeconds() >= since for p in described.pollers))
+                if all(seen):
+                    return self._now()
+            except RPCError:
+                pass
+            await asyncio.sleep(0.2)
+        return None
 
     async def _watch_resumes(self, client: Client) -> None:
         """Until every run settled while Temporal was down has left its wait (or the bound passed)."""

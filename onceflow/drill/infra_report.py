@@ -79,8 +79,10 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
     config = infra.config
     failovers = [e for e in infra.events if e.kind == "failover"]
     restarts = [e for e in infra.events if e.kind == "temporal_restart"]
+    # Once the workers poll Temporal again, a run whose call was settled meanwhile reads the ledger
+    # within its recheck interval (its timer, or its reconciler's next round, which signals it).
     bound = RECHECK_SECONDS + RESUME_SLACK
-    late = [r for r in infra.resumes if r.resumed_after is None or r.resumed_after > bound]
+    late = [r for r in infra.resumes if r.after_workers_back is None or r.after_workers_back > bound]
 
     problems: list[str] = []
     invariants: dict[str, bool | None] = {}
@@ -101,9 +103,9 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
         problems += [
             f"runs_resume_after_temporal_restart: {r.run_id}: "
             + (
-                "never seen resuming"
-                if r.resumed_after is None
-                else f"resumed {r.resumed_after}s after Temporal"
+                "never seen resuming (or the workers never polled again)"
+                if r.after_workers_back is None
+                else f"resumed {r.after_workers_back}s after the workers polled again"
             )
             for r in late
         ]
@@ -144,6 +146,18 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
             "slowest_resume_after_temporal_back_s": max(
                 (r.resumed_after for r in infra.resumes if r.resumed_after is not None), default=None
             ),
+            "slowest_workers_back_after_temporal_s": max(
+                (
+                    round(r.workers_back_at - r.temporal_back_at, 2)
+                    for r in infra.resumes
+                    if r.workers_back_at
+                ),
+                default=None,
+            ),
+            "slowest_resume_after_workers_back_s": max(
+                (r.after_workers_back for r in infra.resumes if r.after_workers_back is not None),
+                default=None,
+            ),
             "operator_settlements": sum(1 for e in infra.events if e.kind == "operator_settle"),
             "partitions": len(infra.cuts),
             "calls_on_the_wire_at_cuts": sum(len(c.on_the_wire) for c in infra.cuts),
@@ -153,7 +167,7 @@ async def add_infra_report(report: DrillReport, infra: InfraChaos, run_dir: Path
     )
     report.infra = {
         "events": [vars(e) for e in infra.events],
-        "resumes": [vars(r) for r in infra.resumes],
+        "resumes": [{**vars(r), "after_workers_back": r.after_workers_back} for r in infra.resumes],
         "disagreements": infra.disagreements,
         "lost_in_failover": sorted(lost),
         "behind_at_end": sorted(behind),

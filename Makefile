@@ -82,7 +82,7 @@ temporal-drill: $(STAMP)
 		--operator-every 5 --no-planned-kills --no-random-kills --timeout 1200
 
 partition-drill: $(STAMP)
-	$(BIN)/onceflow drill --runs $(INFRA_RUNS) --partition postgres --partition temporal --partition both \
+	$(BIN)/onceflow drill --runs 60 --partition postgres --partition temporal --partition both \
 		--partition-seconds 20 --partition-every 10 --no-planned-kills --no-random-kills --timeout 1200
 
 # The slow tests of the same: a synchronous standby keeps every acknowledged write.

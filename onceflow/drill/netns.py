@@ -14,6 +14,7 @@ Needs root (CAP_NET_ADMIN), `ip` and `nft`; `unavailable()` says why not, for a 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import shutil
@@ -145,3 +146,52 @@ class NetworkLab:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class TcpRelay:
+    """Forwards connections from (host, port) to (target_host, target_port), byte for byte.
+
+    The Temporal dev server serves only on loopback reliably (with `--ip` set to another address its
+    own services dial each other on loopback and fail), so the partition drill leaves it there and
+    relays the lab's address to it. A cut on the relay's port then stalls a worker's connections to
+    Temporal exactly as it would stall them to the server itself."""
+
+    def __init__(self, host: str, port: int, target_host: str, target_port: int) -> None:
+        self.host, self.port = host, port
+        self.target = (target_host, target_port)
+        self._server: asyncio.AbstractServer | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> TcpRelay:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.ensure_future(_pipe(source, sink))
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._pipes):
+            task.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    try:
+        while data := await source.read(65536):
+            sink.write(data)
+            await sink.drain()
+    except (OSError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        sink.close()

@@ -3,8 +3,8 @@ both (netns.py), for longer than the tool's timeout and the reservation's lease,
 on the wire; then healed. Part of InfraChaos (infra.py).
 
 "On the wire" is read from the ledger: a `started` call whose owner token names the worker's process
-(`...@<host>:<pid>`, activities/outcomes.py), i.e. reserved and not yet answered. The cut waits (a
-while) for one, so each cut catches the worker mid-call; the keys caught are recorded.
+(`...@<host>:<pid>`, activities/outcomes.py), i.e. reserved and not yet answered. Each cut waits (a
+while) for a worker with one and cuts that worker, so it catches it mid-call; the keys are recorded.
 
 `watch_leases` samples, every second, the calls still `started` after their owner's lease ran out:
 such a call is in the operator queue already (it lists a `started` call once its lease is over), and
@@ -23,7 +23,7 @@ import asyncpg
 from onceflow.drill.scenario import TENANT
 
 if TYPE_CHECKING:
-    from onceflow.drill.processes import DrillProcesses
+    from onceflow.drill.processes import DrillProcesses, WorkerSlot
     from onceflow.drill.scenario import InfraConfig
 
 # Read-only: calls in flight of one worker process, and calls still started past their lease.
@@ -36,7 +36,7 @@ SELECT key, extract(epoch FROM clock_timestamp() - lease_expires_at)::float8 AS 
   FROM tool_executions
  WHERE tenant = $1 AND status = 'started' AND lease_expires_at < clock_timestamp()
 """
-_WAIT_FOR_A_CALL = 30.0  # seconds a cut waits for the worker to have a call on the wire
+_WAIT_FOR_A_CALL = 60.0  # seconds a cut waits for a worker to have a call on the wire
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Partitions:
 
     def _ports(self, kind: str) -> tuple[int, ...]:
         pg = tuple(node.port for node in self.processes.pair.nodes) if self.processes.pair else ()
-        temporal = (int(self.processes.temporal_address.rsplit(":", 1)[1]),)
+        temporal = (int(self.processes.worker_temporal_address.rsplit(":", 1)[1]),)
         return {"postgres": pg, "temporal": temporal, "both": pg + temporal}[kind]
 
     async def partitions(self, stop: asyncio.Event) -> None:
@@ -76,8 +76,7 @@ class Partitions:
                     return
                 except TimeoutError:
                     pass
-                slot = self.processes.slots[number % len(self.processes.slots)]
-                keys = await self._calls_on_the_wire(slot.process.pid if slot.process else 0)
+                slot, keys = await self._worker_with_a_call_on_the_wire(number)
                 at = round(time.monotonic() - self.started, 2)
                 lab.cut(slot.name, self._ports(kind))
                 await asyncio.sleep(self.config.partition_seconds)
@@ -86,18 +85,24 @@ class Partitions:
         except Exception as exc:  # the report then shows fewer cuts than planned, and why
             self.notes.append(f"partitions stopped: {exc!r}")
 
-    async def _calls_on_the_wire(self, pid: int) -> list[str]:
-        """Wait (a while) until the worker process has a call reserved and not yet answered."""
+    async def _worker_with_a_call_on_the_wire(self, number: int) -> tuple[WorkerSlot, list[str]]:
+        """Wait (a while) until a worker process has a call reserved and not yet answered; that one
+        is cut (by turns when both have). Past the wait, the turn's worker, with nothing on the wire."""
+        slots = self.processes.slots
+        order = slots[number % len(slots) :] + slots[: number % len(slots)]
         deadline = time.monotonic() + _WAIT_FOR_A_CALL
         conn = await asyncpg.connect(self.processes.database_url)
         try:
-            while True:
-                keys = [r["key"] for r in await conn.fetch(_ON_THE_WIRE, TENANT, str(pid))]
-                if keys or time.monotonic() > deadline:
-                    return keys
+            while time.monotonic() < deadline:
+                for slot in order:
+                    pid = slot.process.pid if slot.process else 0
+                    keys = [r["key"] for r in await conn.fetch(_ON_THE_WIRE, TENANT, str(pid))]
+                    if keys:
+                        return slot, keys
                 await asyncio.sleep(0.05)
         finally:
             await conn.close()
+        return order[0], []
 
     async def watch_leases(self, stop: asyncio.Event) -> None:
         if not self.config.partitions:

@@ -21,7 +21,7 @@ import httpx
 from temporalio.client import Client
 
 from onceflow.drill.ack_worker import ACK_LOG_ENV, SABOTAGE_FAILOVER_ENV
-from onceflow.drill.netns import NetworkLab
+from onceflow.drill.netns import NetworkLab, TcpRelay
 from onceflow.drill.points import MARKERS_ENV
 from onceflow.drill.tools import SABOTAGE_INTENT_ENV
 from onceflow.ledger import migrate
@@ -108,6 +108,8 @@ class DrillProcesses:
         self.billing_url = ""
         self._temporal: subprocess.Popen[bytes] | None = None
         self._temporal_port = 0
+        self._relay: TcpRelay | None = None
+        self.worker_temporal_address = ""
         self._billing: subprocess.Popen[bytes] | None = None
         self._postgres: EmbeddedPostgres | None = None
 
@@ -123,10 +125,15 @@ class DrillProcesses:
             self.host = self.lab.service_address
             for slot in self.slots:
                 self.lab.add_host(slot.name)
-        port = free_port(self.host)
-        self.temporal_address = f"{self.host}:{port}"
+        port = free_port()
+        self.temporal_address = f"127.0.0.1:{port}"
         self._temporal_port = port
         self._temporal = self._spawn("temporal", self._temporal_command(port))
+        self.worker_temporal_address = self.temporal_address
+        if self.lab is not None:  # the workers reach Temporal through the lab's address
+            relay_port = free_port(self.host)
+            self._relay = await TcpRelay(self.host, relay_port, "127.0.0.1", port).start()
+            self.worker_temporal_address = f"{self.host}:{relay_port}"
         if self.replication is None:
             self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
             self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
@@ -160,7 +167,7 @@ class DrillProcesses:
             "server",
             "start-dev",
             "--ip",
-            self.host,
+            "127.0.0.1",
             "--port",
             str(port),
             "--headless",
@@ -174,7 +181,7 @@ class DrillProcesses:
     def worker_environment(self, name: str = "worker") -> dict[str, str]:
         environment = {
             **os.environ,
-            "TEMPORAL_ADDRESS": self.temporal_address,
+            "TEMPORAL_ADDRESS": self.worker_temporal_address,
             "TEMPORAL_NAMESPACE": NAMESPACE,
             "ONCEFLOW_TASK_QUEUE": TASK_QUEUE,
             # Named per incarnation, so the runner can tell whose ledger session waits where (the
@@ -309,5 +316,7 @@ class DrillProcesses:
         if self.pair is not None:
             await asyncio.to_thread(self.pair.stop)
             self.pair = None
+        if self._relay is not None:
+            await self._relay.close()
         if self.lab is not None:
             self.lab.close()

@@ -82,8 +82,8 @@ temporal-drill: $(STAMP)
 		--operator-every 5 --no-planned-kills --no-random-kills --timeout 1200
 
 partition-drill: $(STAMP)
-	$(BIN)/onceflow drill --runs 60 --partition postgres --partition temporal --partition both \
-		--partition-seconds 20 --partition-every 10 --no-planned-kills --no-random-kills --timeout 1200
+	$(BIN)/onceflow drill --runs 80 --partition postgres --partition temporal --partition both \
+		--partition-seconds 20 --partition-every 5 --no-planned-kills --no-random-kills --timeout 1200
 
 # The slow tests of the same: a synchronous standby keeps every acknowledged write.
 infra-tests: $(STAMP)

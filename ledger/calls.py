@@ -8,6 +8,8 @@ decision is flagged as a conflict (ledger.conflicts).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -93,6 +95,7 @@ class CallPath(GuardedReservations, ConflictFlags):
         guard: Guard | None = None,
         execution: str | None = None,
         not_after: datetime | None = None,
+        unsent_owners: Sequence[str] = (),
     ) -> ReserveResult:
         """Write the call down before it runs. Of any number of racing callers, one may send.
 
@@ -106,7 +109,51 @@ class CallPath(GuardedReservations, ConflictFlags):
         With `not_after` (the attempt's deadline), nothing is reserved once the database's clock
         is past it (AttemptExpiredError): the attempt's workflow has given up on it, and may have
         run the call again and told the model how that ended.
+        With `unsent_owners` (the owner tokens of earlier attempts whose reservation may have
+        committed while its answer was lost: they sent nothing), a call found `started` under one of
+        them is released as not attempted and reserved afresh, instead of answering IN_FLIGHT.
         """
+        again = functools.partial(
+            self._reserve,
+            call,
+            tool_name=tool_name,
+            side_effect=side_effect,
+            arguments=arguments,
+            owner=owner,
+            approval=approval,
+            lease=lease,
+            guard=guard,
+            execution=execution,
+            not_after=not_after,
+        )
+        reserved = await again()
+        record = reserved.record
+        lost = reserved.outcome is Reservation.IN_FLIGHT and record.status is Status.STARTED
+        if not (lost and record.owner in unsent_owners):
+            return reserved
+        assert record.owner is not None
+        await self.fail(
+            call.key,
+            owner=record.owner,
+            kind=FailureKind.NOT_ATTEMPTED,
+            error="its reservation committed but the answer was lost; nothing was sent",
+        )
+        return await again()
+
+    async def _reserve(
+        self,
+        call: CallIdentity,
+        *,
+        tool_name: str,
+        side_effect: SideEffect,
+        arguments: dict[str, Any],
+        owner: str,
+        approval: bool,
+        lease: timedelta | None,
+        guard: Guard | None,
+        execution: str | None,
+        not_after: datetime | None,
+    ) -> ReserveResult:
         payload = canonical_payload(tool_name, arguments)
         if execution is not None and guard is None:
             await RunIds(self).claim(call.run_id, execution=execution, tenant=call.tenant, agent=call.agent)

@@ -3,7 +3,7 @@
 A promoted standby starts a new PostgreSQL timeline. Every connection the ledger opens reads the
 server's timeline once, right after its session settings. The first time a process meets a timeline
 above the one it knew, the ledger it serves failed over while it ran: it records the timeline in
-`onceflow_timelines` (with when it was first seen, migration 0022) and tells its listeners, and the
+`onceflow_timelines` (with when it was first seen, migration 0023) and tells its listeners, and the
 ledger then checks the writes it saw acknowledged before (ledger/lost_writes.py). A timeline is
 recorded even by a process that knew no earlier one, so a call attempted before a switch can later be
 told apart from one attempted after it (`switch_since`).

@@ -206,7 +206,7 @@ async def test_a_reset_while_the_first_credit_is_in_flight_reconciles_it_and_reu
     """The reset ends the run whose activity was sending the credit, so nobody would look after
     that call. The new run, held behind it, adopts it: unknown, reconciled, and its result reused."""
     DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
-    handle = await harness.start("fresh-reuse-reconciled", ORDER)
+    handle = await harness.start("fresh-slow-reconciled", ORDER)
     await eventually(lambda: _received(1), "the first credit to reach the downstream")
     first_run = (await handle.describe()).run_id
     assert first_run is not None
@@ -216,6 +216,13 @@ async def test_a_reset_while_the_first_credit_is_in_flight_reconciles_it_and_reu
     first_key, second_key = await write_keys(harness.ledger, handle.id)
     first = await harness.ledger.get(first_key)
     assert first.status is Status.COMPLETED and first.settled_by == "reconciler"
+    # The new run asked about it at once, while its first attempt was on the wire (its owner's lease
+    # live for 9 s): nobody but that owner may call it unknown (or settle it) before the lease ends.
+    [unknown] = [e for e in first.events if e.kind == "indeterminate"]
+    assert first.lease_expires_at is not None
+    assert unknown.actor == first.owner or unknown.at >= first.lease_expires_at, (
+        f"made unknown by {unknown.actor} at {unknown.at}, inside the owner's lease ({first.lease_expires_at})"
+    )
     second = await harness.ledger.get(second_key)
     assert second.reused_from == first_key and [e.kind for e in second.events] == ["held", "reused"]
     assert DOWNSTREAM.received == DOWNSTREAM.effects == {first_key: 1}

@@ -9,12 +9,13 @@ settles what only an operator can.
   acknowledges meanwhile never reach the standby, so the failover loses them for certain.
 - Temporal restarts (`temporal_restarts`): every `temporal_every` seconds the dev server is SIGKILLed
   and kept down for `temporal_down` seconds, then started on the same address and database file.
-  While it is down the drill, acting as an operator through the ledger (as the operator API does,
-  whose signal to the run then fails), settles the unknown calls of runs that wait for one: once
+  While it is down the drill, as an operator, settles the unknown calls of runs that wait for one
+  through the operator API (which settles them in the ledger, then fails to signal the run): once
   Temporal is back each such run must resume within its recheck interval, with no signal.
 - Operator runs (`operator_every`): their first credit's answer is lost and the reconcile hook
-  cannot tell; once the chaos is over the drill settles what is left, from billing's own record,
-  and signals each run as the API does: paused runs stay resumable by an operator.
+  leaves it to the operator (gates.py); once the chaos is over the drill settles what is left,
+  from billing's own record, through the API, which signals each run: paused runs stay resumable
+  by an operator.
 
 Each event is recorded with its timings for the report (infra_report.py).
 """
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -33,16 +35,17 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from onceflow.drill.judge import RunEnd
+from onceflow.drill.operator import DrillOperator
 from onceflow.drill.partitions import Partitions
 from onceflow.drill.processes import NAMESPACE, TASK_QUEUE, DrillProcesses
 from onceflow.drill.scenario import ORIGINAL_CALL, RECHECK_SECONDS, TENANT, InfraConfig, PlannedRun
 from onceflow.examples.billing.client import BillingClient
-from onceflow.ledger import AlreadySettledError, EventSource, Ledger, LedgerUnavailableError, Status
+from onceflow.examples.billing.models import Credit
+from onceflow.ledger import Ledger, LedgerUnavailableError, Status
 from onceflow.ledger.lost_writes import LOST_KIND
 from onceflow.runtime.constants import PHASE
-from onceflow.sdk.payloads import Phase, ResolveSignal
+from onceflow.sdk.payloads import Phase
 
-OPERATOR = "operator:drill"
 # How long past the recheck interval a resumed run may take (a workflow task, a ledger read).
 RESUME_SLACK = 2.0
 
@@ -82,8 +85,10 @@ class InfraChaos(Partitions):
         billing: BillingClient,
         plans: list[PlannedRun],
         started: float,
+        operator: DrillOperator,
     ) -> None:
         super().__init__()
+        self.operator = operator  # the operator API, with the drill tenant's token (operator.py)
         self.processes = processes
         self.config = config
         self.ledger = ledger
@@ -209,8 +214,8 @@ class InfraChaos(Partitions):
     # -- the operator -------------------------------------------------------------------------------
 
     async def _settle_waiting(self, *, while_down: bool) -> list[tuple[str, str, float]]:
-        """Settle every unknown operator call in the ledger, from billing's record of the key, as the
-        operator API does. Returns (run id, key, when) of each settled."""
+        """Settle every unknown operator call from billing's record of its key, through the operator
+        API (which then signals the run, or says it could not). Returns (run id, key, when) of each."""
         settled = []
         for run in self.operator_runs:
             key = run.key(ORIGINAL_CALL)
@@ -221,49 +226,18 @@ class InfraChaos(Partitions):
             if record is None or record.status is not Status.INDETERMINATE:
                 continue
             credits = [c for c in await self.billing.credits(run.account_id) if c.idempotency_key == key]
-            try:
-                if credits:
-                    await self.ledger.settle(
-                        key,
-                        status=Status.COMPLETED,
-                        actor=OPERATOR,
-                        reason="billing shows the credit under this key",
-                        evidence={"credit_id": credits[0].credit_id},
-                        result=credits[0].model_dump(mode="json"),
-                        tenant=TENANT,
-                        source=EventSource.API,
-                    )
-                else:
-                    await self.ledger.settle(
-                        key,
-                        status=Status.FAILED,
-                        actor=OPERATOR,
-                        reason="billing has no credit under this key",
-                        evidence={"credits_of_account": 0},
-                        tenant=TENANT,
-                        source=EventSource.API,
-                    )
-            except (AlreadySettledError, LedgerUnavailableError) as exc:
-                self.notes.append(f"operator could not settle {key}: {exc}")
+            if not await self._resolve(key, credits, "the reconcile hook cannot tell;"):
                 continue
             at = self._now()
             settled.append((run.run_id, key, at))
             self.events.append(InfraEvent("operator_settle", at, {"key": key, "temporal_down": while_down}))
         return settled
 
-    async def settle_the_rest(self, client: Client) -> int:
-        """After the chaos: settle what is left and signal each run, as the operator API does."""
-        settled = await self._settle_waiting(while_down=False)
-        for run_id, key, _ in settled:
-            try:
-                await client.get_workflow_handle(run_id).signal(
-                    "resolve", ResolveSignal(key=key, actor=OPERATOR)
-                )
-            except RPCError as exc:
-                self.notes.append(f"operator's signal to {run_id} failed: {exc.message}")
-        return len(settled)
+    async def settle_the_rest(self) -> int:
+        """After the chaos: settle what is left (the API signals each run)."""
+        return len(await self._settle_waiting(while_down=False))
 
-    async def settle_lost_calls(self, client: Client, ends: dict[str, RunEnd | None]) -> None:
+    async def settle_lost_calls(self, ends: dict[str, RunEnd | None]) -> None:
         """After the runs: the calls a failover lost and that are still unknown. Where the run had
         already been told an outcome, the ledger and Temporal's history disagree: noted. The operator
         then settles each from billing's record, as for any unknown call in the queue."""
@@ -276,40 +250,35 @@ class InfraChaos(Partitions):
             end = ends.get(record.run_id)
             told = None
             if end is not None and end.result is not None:
-                told = next(
-                    (c.status for c in end.result.calls if c.tool_call_id == record.tool_call_id), None
-                )
+                told = next((c.status for c in end.result.calls if c.tool_call_id == record.tool_call_id), None)
             if told is not None and told != record.status:
                 self.disagreements.append(
-                    {
-                        "key": record.key,
-                        "run_said": str(told),
-                        "ledger": record.status.value,
-                        "why": lost[-1].reason,
-                    }
+                    {"key": record.key, "run_said": str(told), "ledger": record.status.value, "why": lost[-1].reason}
                 )
             credits = [c for c in await self.billing.credits() if c.idempotency_key == record.key]
-            status = Status.COMPLETED if credits else Status.FAILED
-            try:
-                await self.ledger.settle(
-                    record.key,
-                    status=status,
-                    actor=OPERATOR,
-                    reason=f"lost in a failover; billing shows {len(credits)} credit(s) under this key",
-                    evidence={"credits": len(credits)},
-                    result=credits[0].model_dump(mode="json") if credits else None,
-                    tenant=TENANT,
-                    source=EventSource.API,
+            if await self._resolve(record.key, credits, "lost in a failover;"):
+                self.events.append(InfraEvent("operator_settle", self._now(), {"key": record.key, "lost": True}))
+
+    async def _resolve(self, key: str, credits: list[Credit], why: str) -> bool:
+        """Settle `key` through the operator API from billing's record of it: completed with the
+        credit under the key, or failed when there is none. False when the API refused."""
+        try:
+            if credits:
+                await self.operator.resolve(
+                    key,
+                    "completed",
+                    f"{why} billing shows the credit under this key",
+                    evidence={"credit_id": credits[0].credit_id},
+                    result=credits[0].model_dump(mode="json"),
                 )
-            except AlreadySettledError:
-                continue
-            self.events.append(InfraEvent("operator_settle", self._now(), {"key": record.key, "lost": True}))
-            try:  # as the operator API does: a run still waiting on it reads the ledger now
-                await client.get_workflow_handle(record.run_id).signal(
-                    "resolve", ResolveSignal(key=record.key, actor=OPERATOR)
+            else:
+                await self.operator.resolve(
+                    key, "failed", f"{why} billing has no credit under this key", evidence={"credits": 0}
                 )
-            except RPCError:
-                pass  # the run has ended
+        except (RuntimeError, httpx.HTTPError) as exc:
+            self.notes.append(f"operator could not settle {key}: {exc}")
+            return False
+        return True
 
 
 async def _stopped(stop: asyncio.Event, seconds: float) -> bool:

@@ -84,14 +84,10 @@ class Timelines:
 
 
 async def _record(conn: asyncpg.Connection, timeline: int, process: str) -> None:
-    # Its own small transaction that does not wait for a synchronous standby: a promoted primary
-    # whose new standby has not attached yet would hold every commit, and this runs while a
-    # connection opens. A record lost in a second failover is written again, later, which only
-    # widens the window in which calls are doubted.
+    # A record lost in a second failover is written again, later, which only widens the window in
+    # which calls are doubted.
     try:
-        async with conn.transaction():
-            await conn.execute(queries.COMMIT_LOCALLY)
-            await conn.execute(queries.RECORD_TIMELINE, timeline, process)
+        await conn.execute(queries.RECORD_TIMELINE, timeline, process)
     except asyncpg.PostgresError as exc:  # not migrated yet, a role that may not write it...
         log.warning("timeline %d not recorded in onceflow_timelines: %s", timeline, exc)
 

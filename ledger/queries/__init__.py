@@ -62,7 +62,6 @@ from onceflow.ledger.queries.durability import (
     STANDBYS,
 )
 from onceflow.ledger.queries.failover import (
-    COMMIT_LOCALLY,
     RECORD_TIMELINE,
     RESTORE_BEHIND,
     RESTORE_LOST,
@@ -126,7 +125,6 @@ __all__ = [
     "CLAIM_OF_REQUEST",
     "CLAIM_RUN_ID",
     "CLIENT_ADDRESS",
-    "COMMIT_LOCALLY",
     "COMPLETE_STARTED",
     "COUNT_EVENTS",
     "COUNT_UNRESOLVED",

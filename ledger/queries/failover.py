@@ -7,11 +7,12 @@
 # writes to one.
 TIMELINE = "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
 
-# Inside one transaction: its commit does not wait for a synchronous standby (ledger/timelines.py).
-COMMIT_LOCALLY = "SELECT set_config('synchronous_commit', 'local', true)"
-
+# One statement, so one implicit transaction whose commit does not wait for a synchronous standby
+# (set_config(..., true) lasts until that commit): a promoted primary whose new standby has not
+# attached yet would hold every commit, and this runs while a pool opens a connection.
 RECORD_TIMELINE = """
-INSERT INTO onceflow_timelines (timeline, first_seen_by) VALUES ($1, $2)
+INSERT INTO onceflow_timelines (timeline, first_seen_by)
+SELECT $1, $2 FROM (SELECT set_config('synchronous_commit', 'local', true)) AS commit_locally
 ON CONFLICT (timeline) DO NOTHING
 """
 

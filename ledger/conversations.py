@@ -13,6 +13,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
+
 from onceflow.ledger import queries
 from onceflow.ledger.base import LedgerBase
 from onceflow.ledger.errors import LedgerError
@@ -58,8 +60,13 @@ class Conversations:
             parent = digest
         if rows:
             async with self._ledger.connection("extend_conversation", run=run_id) as conn:
-                async with conn.transaction():
-                    await conn.executemany(queries.INSERT_CONVERSATION_MESSAGE, rows)
+                try:
+                    async with conn.transaction():
+                        await conn.executemany(queries.INSERT_CONVERSATION_MESSAGE, rows)
+                except asyncpg.ForeignKeyViolationError:
+                    # The head is not stored: lost in a failover to a standby that lacked it, or
+                    # purged. The run stores the conversation again, whole.
+                    raise ConversationMissingError(head or "", 0) from None
         if parent is None:
             raise ValueError("an empty conversation has no head")
         return parent

@@ -185,6 +185,7 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
             self.annotate(record)
             since = await conn.fetchval(queries.ENTERED_STATUS_AT, key, current.value)
         metrics.record_settled(record, current, source, since)
+        self.acknowledge(record)
         return record
 
     async def record_late_outcome(

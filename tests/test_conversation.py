@@ -7,6 +7,7 @@ import json
 import uuid
 from typing import Any
 
+import asyncpg
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
@@ -161,3 +162,56 @@ async def test_stored_conversations_are_immutable_and_per_run(ledger: Ledger) ->
     )
     assert await conversations.read(branch, length=3) == [_message("a"), _message("b"), _message("d")]
     assert await conversations.read(longer, length=3) == [_message("a"), _message("b"), _message("c")]
+
+
+forgetful = Toolset("forgetful")
+_DSN: list[str] = []
+
+
+@forgetful.tool(read())
+async def lose_the_conversation(run_id: str) -> str:
+    """Delete the run's stored conversation, as a failover to a standby that lacked it would."""
+    conn = await asyncpg.connect(_DSN[0])
+    try:
+        await conn.execute("DELETE FROM conversation_messages WHERE run_id = $1", run_id)
+    finally:
+        await conn.close()
+    return "gone"
+
+
+async def test_a_conversation_the_ledger_lost_is_stored_again_and_the_run_goes_on(
+    temporal_env: WorkflowEnvironment, ledger: Ledger, database_url: str
+) -> None:
+    _DSN[:] = [database_url]
+    run_id = f"run-{uuid.uuid4().hex[:10]}"
+    config = AgentConfig.model_validate(
+        {
+            "model": {
+                "provider": "scripted",
+                "script": [
+                    {"tool_calls": [{"name": "lose_the_conversation", "arguments": {"run_id": run_id}}]},
+                    {"final": "done after {{ results.lose_the_conversation }}"},
+                ],
+            },
+            "toolsets": ["forgetful"],
+        }
+    )
+    registry = AgentRegistry({"forgetful": Agent("forgetful", config, {t.name: t for t in forgetful.tools})})
+    async with running_worker(temporal_env.client, ledger, registry) as harness:
+        handle = await harness.start("forgetful", "{}", run_id=run_id)
+        result = await handle.result()
+        history = await handle.fetch_history()
+    assert result.final == "done after gone"
+    inputs = await _model_inputs(history)
+    # Turn 2 was asked by reference, found its head gone, and was asked again with every message.
+    assert [(i.head is None, i.length, len(i.messages)) for i in inputs] == [
+        (True, 0, 1),
+        (False, 1, 2),
+        (True, 0, 3),
+    ]
+    conn = await asyncpg.connect(database_url)
+    try:
+        stored = await conn.fetchval("SELECT count(*) FROM conversation_messages WHERE run_id = $1", run_id)
+    finally:
+        await conn.close()
+    assert stored == 3

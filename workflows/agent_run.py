@@ -22,6 +22,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from onceflow.activities.conversation import ERR_CONVERSATION_MISSING
     from onceflow.activities.model import ModelActivities
     from onceflow.activities.tools import ToolActivities
     from onceflow.ledger.guards import Heard
@@ -44,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         AgentRunResult,
         AgentSpec,
         Message,
+        ModelTurn,
         Phase,
         RunStatus,
         TokenUsage,
@@ -74,6 +76,9 @@ PATCH_INTENT_HEARD = "intent-heard"
 # upsert when it was started with those values (`start_run` sets them). Runs started before replay
 # the patches one by one, as they recorded them.
 PATCH_CURRENT = "agent-run-2026-12-02"
+# A model turn whose stored conversation the ledger lost (ConversationMissing) is asked again with
+# the whole conversation, which stores it again; before, the run failed.
+PATCH_STORE_CONVERSATION_AGAIN = "store-conversation-again"
 
 
 def initial_search_attributes(run_input: AgentRunInput) -> list[SearchAttributePair[str]]:
@@ -133,6 +138,33 @@ class AgentRunWorkflow(WriteCallHandlers):
 
     # -- the conversation ---------------------------------------------------------------------------
 
+    async def _model_turn(self, spec: AgentSpec, conversation: Conversation, turn: int) -> ModelTurn:
+        """One model turn; once more with the whole conversation if the ledger lost the stored one."""
+        for again in (False, True):
+            try:
+                answer: ModelTurn = await workflow.execute_activity_method(
+                    ModelActivities.call_model,
+                    conversation.request(),
+                    start_to_close_timeout=max(
+                        MODEL_TIMEOUT, timedelta(seconds=spec.model.attempt_timeout_seconds) + ACTIVITY_MARGIN
+                    ),
+                    schedule_to_close_timeout=timedelta(seconds=spec.model.retry_budget_seconds),
+                    heartbeat_timeout=MODEL_HEARTBEAT,
+                    retry_policy=MODEL_RETRY,
+                    summary=f"model turn {turn}" + (" (conversation stored again)" if again else ""),
+                )
+                return answer
+            except ActivityError as err:
+                cause = err.cause
+                missing = isinstance(cause, ApplicationError) and cause.type == ERR_CONVERSATION_MISSING
+                if again or not missing or not workflow.patched(PATCH_STORE_CONVERSATION_AGAIN):
+                    raise
+                workflow.logger.warning(
+                    "turn %d: the stored conversation is gone (%s); storing it again", turn, cause
+                )
+                conversation.store_again()
+        raise AssertionError("unreachable")
+
     async def _converse(self, run_input: AgentRunInput) -> AgentRunResult:
         spec = await workflow.execute_activity_method(
             ModelActivities.describe_agent,
@@ -159,17 +191,7 @@ class AgentRunWorkflow(WriteCallHandlers):
         for turn in range(1, run_input.max_turns + 1):
             self._turns = turn
             heard = {tool: list(ids) for tool, ids in told.items()}  # what this request carries
-            answer = await workflow.execute_activity_method(
-                ModelActivities.call_model,
-                conversation.request(),
-                start_to_close_timeout=max(
-                    MODEL_TIMEOUT, timedelta(seconds=spec.model.attempt_timeout_seconds) + ACTIVITY_MARGIN
-                ),
-                schedule_to_close_timeout=timedelta(seconds=spec.model.retry_budget_seconds),
-                heartbeat_timeout=MODEL_HEARTBEAT,
-                retry_policy=MODEL_RETRY,
-                summary=f"model turn {turn}",
-            )
+            answer = await self._model_turn(spec, conversation, turn)
             conversation.sent(answer)
             self._usage.append(answer.usage or TokenUsage())
             ids = mint_tool_call_ids(

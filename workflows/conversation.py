@@ -28,6 +28,9 @@ class Conversation:
         self.messages: list[Message] = []  # by reference: only those not stored yet
         self._head: str | None = None
         self._stored = 0
+        # By reference: the messages already stored, kept in memory (not in history: replay rebuilds
+        # them), so that a conversation the ledger lost can be stored again whole (`store_again`).
+        self._sent: list[Message] = []
 
     def request(self) -> ModelCallInput:
         if not self.by_reference:
@@ -51,4 +54,13 @@ class Conversation:
                 )
             self._head = answer.conversation_head
             self._stored += len(self.messages)
+            self._sent.extend(self.messages)
             self.messages.clear()
+
+    def store_again(self) -> None:
+        """The ledger no longer has the stored conversation (a failover to a standby that lacked its
+        last messages): the next request carries every message from the first, and stores it again."""
+        self.messages[:0] = self._sent
+        self._sent = []
+        self._head = None
+        self._stored = 0

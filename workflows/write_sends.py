@@ -101,6 +101,7 @@ class WriteSends(WriteCallState):
         unexpected = 0
         attempt_input = tool_input
         while True:
+            began = workflow.now()
             try:
                 return await workflow.execute_activity_method(
                     ToolActivities.run_write_tool,
@@ -140,7 +141,11 @@ class WriteSends(WriteCallState):
                 found = await self._inspect(ref)
                 if found is not None:
                     return found
-                # No row: nothing was reserved, so nothing was sent; it is safe to run it.
+                # No row: nothing was reserved, so nothing was sent; it is safe to run it. Unless
+                # a failover of the ledger lost the row: the next attempt is told when this one
+                # began, and sends nothing if the ledger failed over since (ledger/lost_writes.py).
+                if attempt_input.lost_attempt_at is None:
+                    attempt_input = attempt_input.model_copy(update={"lost_attempt_at": began})
                 if not isinstance(cause, TemporalTimeoutError):
                     unexpected += 1
                     if unexpected > _MAX_UNRESERVED_RERUNS:

@@ -1,8 +1,9 @@
 """Every SQL statement the ledger runs, by name. Values always travel as $n parameters.
 
 The statements live by the ledger's own domains, one module each (calls, the queue, decisions,
-guards, lineage, conflicts, resends, compensations, retention, tokens, console sessions,
-conversations, run ids); every name is re-exported here, so `from onceflow.ledger import queries; queries.RESERVE` reads the
+durability, failover, guards, lineage, conflicts, resends, compensations, retention, tokens, console
+sessions, conversations, run ids); every name is re-exported here, so `from onceflow.ledger import
+queries; queries.RESERVE` reads the
 same wherever a statement lives. A new statement goes into its domain's module and into this list.
 
 A statement that changes one call by its key, only while the call is in some state, writes that
@@ -51,6 +52,22 @@ from onceflow.ledger.queries.decisions import (
     RELEASE,
     SELECT_FOR_DECISION,
     SET_COMPENSATED,
+)
+from onceflow.ledger.queries.durability import (
+    BACKEND_PID,
+    CLIENT_ADDRESS,
+    DEFAULT_ISOLATION,
+    IN_RECOVERY,
+    SETTINGS,
+    STANDBYS,
+)
+from onceflow.ledger.queries.failover import (
+    RECORD_TIMELINE,
+    RESTORE_BEHIND,
+    RESTORE_LOST,
+    SELECT_RECORDS,
+    SWITCH_SEEN_SINCE,
+    TIMELINE,
 )
 from onceflow.ledger.queries.guards import (
     ENTITY_BUDGET_USED,
@@ -107,15 +124,18 @@ __all__ = [
     "APPROVE",
     "ARCHIVE_EVENTS",
     "ARCHIVE_EXECUTIONS",
+    "BACKEND_PID",
     "CLAIM_APPROVED",
     "CLAIM_OF_REQUEST",
     "CLAIM_RUN_ID",
+    "CLIENT_ADDRESS",
     "COMPLETE_STARTED",
     "CONVERSATION_BYTES",
     "CONVERSATION_CANDIDATES",
     "COUNT_EVENTS",
     "COUNT_UNRESOLVED",
     "DATABASE_NOW",
+    "DEFAULT_ISOLATION",
     "DELETE_CONSOLE_SESSION",
     "DELETE_CONVERSATIONS",
     "DELETE_EVENTS",
@@ -135,6 +155,7 @@ __all__ = [
     "INSERT_CONVERSATION_MESSAGE",
     "INSERT_EVENT",
     "INSERT_TOKEN",
+    "IN_RECOVERY",
     "LATEST_EVENT_OF_KIND",
     "LATEST_RESEND",
     "LINEAGE",
@@ -145,8 +166,11 @@ __all__ = [
     "PURGE_CANDIDATES",
     "PURGE_CUTOFF",
     "QUEUE_FIGURES",
+    "RECORD_TIMELINE",
     "RELEASE",
     "RESERVE",
+    "RESTORE_BEHIND",
+    "RESTORE_LOST",
     "REVOKE_TOKEN",
     "SELECT_ACTIVE_TOKEN",
     "SELECT_CONVERSATION",
@@ -154,12 +178,17 @@ __all__ = [
     "SELECT_FOR_DECISION",
     "SELECT_FOR_RESEND",
     "SELECT_RECORD",
+    "SELECT_RECORDS",
     "SELECT_RECORD_FOR_UPDATE",
+    "SETTINGS",
     "SET_COMPENSATED",
     "SET_COMPLETED",
     "SET_FAILED",
     "SET_INDETERMINATE",
     "SET_PURGE_CUTOFF",
+    "STANDBYS",
+    "SWITCH_SEEN_SINCE",
+    "TIMELINE",
     "TOUCH_CONSOLE_SESSION",
     "WAS_OWNER",
 ]

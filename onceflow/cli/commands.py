@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from onceflow.cli.doctor import doctor
 from onceflow.cli.executions import executions_app
 from onceflow.cli.ledger import ledger_app
 from onceflow.cli.stack import DataDir, demo, dev, use_stack_environment
@@ -94,6 +95,9 @@ def worker(
     from onceflow.runtime.worker import main
 
     main()
+
+
+app.command()(doctor)
 
 
 @app.command()
@@ -196,16 +200,70 @@ def drill(
         list[str] | None,
         typer.Option(hidden=True, help="Tests of the drill only: plan just this kind of run (repeatable)."),
     ] = None,
+    replication: Annotated[
+        str | None,
+        typer.Option(help="Run the ledger on a primary and a standby: sync or async replication."),
+    ] = None,
+    failovers: Annotated[int, typer.Option(min=0, help="SIGKILL the primary, promote the standby.")] = 0,
+    failover_every: Annotated[float, typer.Option(min=1, help="Seconds between failovers.")] = 20,
+    lag: Annotated[
+        float, typer.Option(min=0, help="async: hold replication this long before each kill.")
+    ] = 2,
+    temporal_restarts: Annotated[
+        int, typer.Option(min=0, help="SIGKILL the Temporal server and start it again.")
+    ] = 0,
+    temporal_every: Annotated[float, typer.Option(min=1, help="Seconds between Temporal restarts.")] = 20,
+    temporal_down: Annotated[float, typer.Option(min=0, help="Seconds Temporal stays down.")] = 5,
+    operator_every: Annotated[
+        int, typer.Option(min=0, help="Every Nth run waits for an operator to settle its credit.")
+    ] = 0,
+    partition: Annotated[
+        list[str] | None,
+        typer.Option(help="Cut a worker from postgres, temporal or both (repeat: in order; needs root)."),
+    ] = None,
+    partition_seconds: Annotated[float, typer.Option(min=1, help="How long each cut lasts.")] = 20,
+    partition_every: Annotated[float, typer.Option(min=1, help="Seconds between cuts.")] = 10,
+    sabotage_failover_safety: Annotated[
+        bool, typer.Option(hidden=True, help="Tests of the drill only: workers ignore lost writes.")
+    ] = False,
 ) -> None:
     """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
-    receiver that honours no idempotency key."""
+    receiver that honours no idempotency key. With --replication / --temporal-restarts, the ledger
+    fails over and Temporal restarts during the drill (docs/operations.md)."""
     from onceflow.drill.cli import run_from_cli
-    from onceflow.drill.scenario import KIND_NAMES, DrillConfig
+    from onceflow.drill.scenario import KIND_NAMES, DrillConfig, InfraConfig, RunPath
 
     if sabotage_intent not in (None, "allow", "reuse"):
         raise typer.BadParameter("allow or reuse", param_hint="--sabotage-intent")
     if set(only or ()) - set(KIND_NAMES):
         raise typer.BadParameter(", ".join(KIND_NAMES), param_hint="--only")
+    if replication not in (None, "sync", "async"):
+        raise typer.BadParameter("sync or async", param_hint="--replication")
+    if failovers and replication is None:
+        raise typer.BadParameter("failovers need --replication sync or async", param_hint="--failovers")
+    partitions = tuple(partition or ())
+    if any(kind not in ("postgres", "temporal", "both") for kind in partitions):
+        raise typer.BadParameter("postgres, temporal or both", param_hint="--partition")
+    if partitions and replication is None:
+        replication = "sync"  # the ledger must listen on the lab's address: a primary and a standby
+    infra = InfraConfig(
+        replication=replication,
+        failovers=failovers,
+        failover_every=failover_every,
+        lag_seconds=lag if replication == "async" else 0.0,
+        temporal_restarts=temporal_restarts,
+        temporal_every=temporal_every,
+        temporal_down=temporal_down,
+        operator_every=operator_every,
+        partitions=partitions,
+        partition_seconds=partition_seconds,
+        partition_every=partition_every,
+        sabotage_failover=sabotage_failover_safety,
+    )
+    if infra.active and not only:
+        # The conflict and reset runs walk their paths through Temporal and the operator API at set
+        # moments: the crash drill's. The infrastructure drills plan the other kinds.
+        only = [kind for kind in KIND_NAMES if kind not in {path.value for path in RunPath}]
     config = DrillConfig(
         runs=runs,
         seed=seed,
@@ -218,6 +276,7 @@ def drill(
         sabotage=sabotage_resend_after_timeout,
         sabotage_intent=sabotage_intent,
         only=tuple(only or ()),
+        infra=infra,
     )
     exit_after_cleanup(run_from_cli(config))
 

@@ -59,8 +59,21 @@ class DrillOperator:
         answer: dict[str, Any] = response.json()
         return answer
 
-    async def resolve(self, key: str, status: str, reason: str) -> dict[str, Any]:
-        return await self._post(key, "resolve", {"status": status, "reason": reason})
+    async def resolve(
+        self,
+        key: str,
+        status: str,
+        reason: str,
+        *,
+        evidence: dict[str, Any] | None = None,
+        result: Any = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": status, "reason": reason}
+        if evidence is not None:
+            body["evidence"] = evidence
+        if result is not None:
+            body["result"] = result
+        return await self._post(key, "resolve", body)
 
     async def acknowledge(
         self, key: str, status: str, reason: str, evidence: dict[str, Any]

@@ -21,12 +21,15 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 from temporalio.client import Client
 
+from onceflow.drill.ack_worker import ACK_LOG_ENV, SABOTAGE_FAILOVER_ENV
+from onceflow.drill.netns import NetworkLab, TcpRelay
 from onceflow.drill.points import MARKERS_ENV
 from onceflow.drill.told import TOLD_ENV
 from onceflow.drill.tools import SABOTAGE_INTENT_ENV
 from onceflow.ledger import migrate
 from onceflow.local.extras import MissingExtraError
 from onceflow.local.postgres import EmbeddedPostgres, create_database
+from onceflow.local.replication import ReplicatedPostgres
 from onceflow.runtime.client import search_attribute_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -36,9 +39,9 @@ NAMESPACE = "default"
 TASK_QUEUE = "drill"
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -80,6 +83,9 @@ class DrillProcesses:
         sabotage: bool = False,
         sabotage_intent: str | None = None,
         receiver_kit: bool = False,
+        replication: str | None = None,
+        partitions: bool = False,
+        sabotage_failover: bool = False,
     ) -> None:
         self.run_dir = run_dir
         # The receiver drill (onceflow/drill/kit.py): billing's only dedup is the receiver kit, and
@@ -88,6 +94,17 @@ class DrillProcesses:
         self.billing_kills = 0
         # Tests of the drill only: start the broken worker of sabotage.py instead of worker.py.
         self.worker_command = ["-m", "onceflow.drill.sabotage"] if sabotage else ["worker.py"]
+        # The infrastructure drills (infra.py): the ledger on a primary and a standby ("sync" or
+        # "async" replication), and workers that log every ledger write they saw acknowledged.
+        self.replication = replication
+        self.sabotage_failover = sabotage_failover
+        self.pair: ReplicatedPostgres | None = None
+        if replication is not None and not sabotage:
+            self.worker_command = ["-m", "onceflow.drill.ack_worker"]
+        # The partition drill: each worker on a network namespace of its own, the services on the
+        # lab's bridge address (netns.py), so that one worker can be cut off from them.
+        self.lab = NetworkLab() if partitions else None
+        self.host = "127.0.0.1"
         # Tests of the drill only: the credit tool declared with this intent instead (tools.py).
         self.sabotage_intent = sabotage_intent
         self.logs = run_dir / "logs"
@@ -101,6 +118,9 @@ class DrillProcesses:
         self._billing_port = 0
         self.api_url = ""
         self._temporal: subprocess.Popen[bytes] | None = None
+        self._temporal_port = 0
+        self._relay: TcpRelay | None = None
+        self.worker_temporal_address = ""
         self._billing: subprocess.Popen[bytes] | None = None
         self._api: subprocess.Popen[bytes] | None = None
         self._postgres: EmbeddedPostgres | None = None
@@ -113,17 +133,38 @@ class DrillProcesses:
     async def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.told.mkdir(parents=True, exist_ok=True)
+        if self.lab is not None:
+            self.lab.open()
+            self.host = self.lab.service_address
+            for slot in self.slots:
+                self.lab.add_host(slot.name)
         port = free_port()
         self.temporal_address = f"127.0.0.1:{port}"
+        self._temporal_port = port
         self._temporal = self._spawn("temporal", self._temporal_command(port))
+        self.worker_temporal_address = self.temporal_address
+        if self.lab is not None:  # the workers reach Temporal through the lab's address
+            relay_port = free_port(self.host)
+            self._relay = await TcpRelay(self.host, relay_port, "127.0.0.1", port).start()
+            self.worker_temporal_address = f"{self.host}:{relay_port}"
+        # Billing keeps its own database, on a server of its own: a failover of the ledger's never
+        # touches what the receiver counted.
         self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.run_dir / "postgres")
-        self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
+        if self.replication is None:
+            self.database_url = await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
+        else:
+            self.pair = ReplicatedPostgres(
+                self.run_dir / "pg", synchronous=self.replication == "sync", hosts=(self.host, self.host)
+            )
+            await asyncio.to_thread(self.pair.start)
+            await create_database(self.pair.dsn(), LEDGER_DATABASE, if_missing=True)
+            self.database_url = self.pair.dsn(LEDGER_DATABASE)
         await migrate(self.database_url)
         self.billing_database_url = await create_database(
             self._postgres.dsn, BILLING_DATABASE, if_missing=True
         )
-        self._billing_port = free_port()
-        self.billing_url = f"http://127.0.0.1:{self._billing_port}"
+        self._billing_port = free_port(self.host)
+        self.billing_url = f"http://{self.host}:{self._billing_port}"
         self._billing = self._spawn("billing", self._billing_command())
         await self._wait_for_temporal()
         await self._wait_for_billing()
@@ -146,6 +187,8 @@ class DrillProcesses:
             "onceflow.examples.billing.service",
             "--port",
             str(self._billing_port),
+            "--host",
+            self.host,
         ]
         billing += ["--database-url", self.billing_database_url, "--log-level", "warning"]
         if not self.receiver_kit:
@@ -188,7 +231,7 @@ class DrillProcesses:
     def worker_environment(self, name: str = "worker") -> dict[str, str]:
         environment = {
             **os.environ,
-            "TEMPORAL_ADDRESS": self.temporal_address,
+            "TEMPORAL_ADDRESS": self.worker_temporal_address,
             "TEMPORAL_NAMESPACE": NAMESPACE,
             "ONCEFLOW_TASK_QUEUE": TASK_QUEUE,
             # Named per incarnation, so the runner can tell whose ledger session waits where (the
@@ -200,6 +243,12 @@ class DrillProcesses:
             TOLD_ENV: str(self.told),
             "OTEL_TRACES_EXPORTER": "none",
         }
+        environment.pop(SABOTAGE_FAILOVER_ENV, None)
+        if self.sabotage_failover:
+            environment[SABOTAGE_FAILOVER_ENV] = "1"
+        if self.replication is not None:
+            (self.run_dir / "acks").mkdir(exist_ok=True)
+            environment[ACK_LOG_ENV] = str(self.run_dir / "acks" / f"{name}.jsonl")
         environment.pop(SABOTAGE_INTENT_ENV, None)
         if self.sabotage_intent:
             environment[SABOTAGE_INTENT_ENV] = self.sabotage_intent
@@ -208,9 +257,10 @@ class DrillProcesses:
     def start_worker(self, slot: WorkerSlot) -> None:
         slot.incarnation += 1
         name = f"{slot.name}-{slot.incarnation}"
-        slot.process = self._spawn(
-            name, [sys.executable, *self.worker_command], self.worker_environment(name)
-        )
+        command = [sys.executable, *self.worker_command]
+        if self.lab is not None:
+            command = self.lab.hosts[slot.name].command(command)  # `ip netns exec` keeps the pid
+        slot.process = self._spawn(name, command, self.worker_environment(name))
         slot.pids.append(slot.process.pid)
 
     def slot_named(self, name: str) -> WorkerSlot | None:
@@ -257,6 +307,17 @@ class DrillProcesses:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    async def kill_temporal(self) -> None:
+        """SIGKILL the Temporal dev server (its database file stays as the crash left it)."""
+        if self._temporal is not None:
+            kill_group(self._temporal)
+            await asyncio.to_thread(self._temporal.wait)
+
+    async def start_temporal(self) -> None:
+        """Start the dev server again on the same address and database file; wait until it answers."""
+        self._temporal = self._spawn("temporal", self._temporal_command(self._temporal_port))
+        await self._wait_for_temporal()
 
     async def _wait_for_temporal(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -311,3 +372,10 @@ class DrillProcesses:
         if self._postgres is not None:
             await asyncio.to_thread(self._postgres.stop)
             self._postgres = None
+        if self.pair is not None:
+            await asyncio.to_thread(self.pair.stop)
+            self.pair = None
+        if self._relay is not None:
+            await self._relay.close()
+        if self.lab is not None:
+            self.lab.close()

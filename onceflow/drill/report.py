@@ -101,6 +101,7 @@ class DrillReport:
     # Per kind of run (kill point, path, or "locked"): runs, keys sent twice, intents paid twice.
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     paths: dict[str, dict[str, int]] = field(default_factory=dict)  # conflict and reset figures
+    infra: dict[str, Any] = field(default_factory=dict)  # the infrastructure drills (infra_report.py)
 
     @property
     def ok(self) -> bool:
@@ -157,6 +158,17 @@ class DrillReport:
             )
         for name, value in self.totals.items():
             lines.append(f"{name}: {value}")
+        for event in self.infra.get("events", []):
+            lines.append(f"{event['kind']} at {event['at_seconds']}s: {event['detail']}")
+        for cut in self.infra.get("cuts", []):
+            lines.append(
+                f"cut {cut['worker']} from {cut['kind']} at {cut['at_seconds']}s for {cut['seconds']}s; "
+                f"on the wire: {', '.join(cut['on_the_wire']) or 'nothing'}"
+            )
+        for item in self.infra.get("disagreements", []):
+            lines.append(
+                f"ledger and Temporal disagreed: {item['key']}: run said {item['run_said']}, ledger {item['ledger']}"
+            )
         for item in self.unresolved:
             lines.append(f"left {item.status}: {item.key}: {item.why} (reconciler: {item.reconciler})")
         lines.extend(f"note: {note}" for note in self.notes)

@@ -20,6 +20,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError
 
 from onceflow.drill.gates import close_turn, leave_to_operator
+from onceflow.drill.infra import InfraChaos
+from onceflow.drill.infra_report import add_infra_report
 from onceflow.drill.judge import RunEnd
 from onceflow.drill.kills import Killer
 from onceflow.drill.operator import OPERATOR_NAME, DrillOperator, walk_conflict
@@ -32,6 +34,7 @@ from onceflow.drill.scenario import (
     AGENTS_YAML,
     FIRST_CREDIT,
     HANG_SECONDS,
+    ORIGINAL_CALL,
     RETRY_TURN,
     TENANT,
     DrillConfig,
@@ -41,7 +44,7 @@ from onceflow.drill.scenario import (
 )
 from onceflow.drill.walks import Walk
 from onceflow.examples.billing.client import BillingClient
-from onceflow.ledger import Ledger, OperatorTokens
+from onceflow.ledger import Ledger, LedgerUnavailableError, OperatorTokens
 from onceflow.runtime.client import connect, start_run
 from onceflow.runtime.config import Settings
 from onceflow.runtime.constants import PHASE, UNRESOLVED_KEYS
@@ -86,6 +89,9 @@ class Drill:
             self.config.workers,
             sabotage=self.config.sabotage,
             sabotage_intent=self.config.sabotage_intent,
+            replication=self.config.infra.replication,
+            partitions=bool(self.config.infra.partitions),
+            sabotage_failover=self.config.infra.sabotage_failover,
         )
         started = time.monotonic()
         try:
@@ -99,11 +105,18 @@ class Drill:
             self.operator = DrillOperator(processes.api_url, token)
             try:
                 async with BillingClient(processes.billing_url) as billing:
-                    plans = plan_runs(self.config.runs, self.config.seed, self.config.only)
+                    plans = plan_runs(
+                        self.config.runs, self.config.seed, self.config.only, self.config.infra.operator_every
+                    )
                     killer = Killer(
                         processes, ledger, billing, markers, {p.run_id: p for p in plans}, started
                     )
-                    await self._drive(client, billing, killer, plans, markers, started)
+                    infra = InfraChaos(
+                        processes, self.config.infra, ledger, billing, plans, started, self.operator
+                    )
+                    await self._drive(client, billing, killer, plans, markers, started, infra)
+                    if self.config.infra.replication:
+                        await infra.settle_lost_calls({r: t.end for r, t in self.tracked.items()})
                     report = await collect_report(
                         config=self.config,
                         run_dir=self.run_dir,
@@ -118,6 +131,8 @@ class Drill:
                         database_url=processes.database_url,
                         wall_seconds=time.monotonic() - started,
                     )
+                    if self.config.infra.active:
+                        await add_infra_report(report, infra, self.run_dir, processes.database_url)
             finally:
                 await self.operator.aclose()
                 await ledger.close()
@@ -135,6 +150,7 @@ class Drill:
         plans: list[PlannedRun],
         markers: Path,
         started: float,
+        infra: InfraChaos,
     ) -> None:
         stop_watch, stop_chaos = asyncio.Event(), asyncio.Event()
         rng = random.Random(self.config.seed + 1)
@@ -145,14 +161,26 @@ class Drill:
         ]
         if self.config.random_kills:
             background.append(asyncio.create_task(killer.chaos(stop_chaos, rng, self.config.kill_interval)))
+        # The infrastructure's faults run to their count, whatever the runs are doing.
+        infra_tasks = [
+            asyncio.create_task(infra.failovers(stop_watch)),
+            asyncio.create_task(infra.temporal_restarts(stop_watch, client)),
+            asyncio.create_task(infra.partitions(stop_watch)),
+        ]
+        background.append(asyncio.create_task(infra.watch_leases(stop_watch)))
+        background += infra_tasks
+        operator_done = not infra.operator_runs
         deadline = started + self.config.timeout
         pending = list(plans)
         try:
             while time.monotonic() < deadline:
                 in_flight = [t for t in self.tracked.values() if t.end is None]
-                while pending and len(in_flight) < self.config.concurrency:
-                    plan = pending.pop(0)
-                    in_flight.append(await self._start(client, billing, plan, markers))
+                while pending and len(in_flight) < self.config.concurrency and not infra.temporal_down:
+                    try:
+                        in_flight.append(await self._start(client, billing, pending[0], markers))
+                    except RPCError:
+                        break  # Temporal is away (a restart): start it next round
+                    pending.pop(0)
                 await self._observe(client, killer.ledger, in_flight)
                 await killer.replace_exited()
                 # Random kills go on while planned points wait to be reached (walks started by then
@@ -160,7 +188,13 @@ class Drill:
                 # minute of activity timeouts).
                 if not pending and not self._points_waiting(markers):
                     stop_chaos.set()
-                if not pending and all(t.end is not None for t in self.tracked.values()):
+                chaos_over = all(task.done() for task in infra_tasks)
+                others_done = all(t.end is not None for t in self.tracked.values() if not t.plan.operator)
+                if not operator_done and not pending and chaos_over and others_done:
+                    # Only runs waiting for an operator are left: the operator settles them.
+                    await infra.settle_the_rest()
+                    operator_done = True
+                if not pending and chaos_over and all(t.end is not None for t in self.tracked.values()):
                     return
                 await asyncio.sleep(0.25)
             for tracked in self.tracked.values():
@@ -191,6 +225,8 @@ class Drill:
         if plan.path is RunPath.CONFLICT:
             leave_to_operator(markers, plan.run_id, FIRST_CREDIT)
             close_turn(markers, plan.run_id, RETRY_TURN)
+        if plan.operator:  # the infrastructure drills' operator settles its first credit (infra.py)
+            leave_to_operator(markers, plan.run_id, ORIGINAL_CALL)
         handle = await start_run(
             client,
             AgentRunInput(agent=plan.agent, tenant=TENANT, input=json.dumps({"order_id": plan.order_id})),
@@ -222,8 +258,8 @@ class Drill:
                 continue  # the drill is still acting on it
             try:
                 tracked.end = await _run_end(client, ledger, tracked.handle)
-            except RPCError:
-                continue  # Temporal busy: look again next round
+            except (RPCError, LedgerUnavailableError):
+                continue  # Temporal or the ledger busy or away: look again next round
 
 
 async def _run_end(client: Client, ledger: Ledger, handle: RunHandle) -> RunEnd | None:

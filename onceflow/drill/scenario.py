@@ -27,6 +27,10 @@ TENANT = "drill"
 # answer. The conflict runs' agent uses the scripted ids (call_1_0, call_2_0); the reset runs' agent
 # gets a new tool call id on every answer, as real providers give, so a reset makes it re-issue its
 # credits under keys the run has not seen.
+#
+# A run paused on an unknown call reads the ledger itself this often (tool_policy.recheck_interval),
+# whatever signal it missed: the Temporal restart drill holds runs to it once Temporal is back.
+RECHECK_SECONDS = 10.0
 AGENTS_YAML = f"""\
 toolsets:
   drill-billing: onceflow.drill.tools:toolset
@@ -68,6 +72,7 @@ agents:
       reconcile_deadline: 5m
       reconcile_initial_interval: 0.5s
       reconcile_max_interval: 2s
+      recheck_interval: {RECHECK_SECONDS:g}s
   {CONFLICT_AGENT}:
     model:
       provider: scripted
@@ -165,6 +170,9 @@ class PlannedRun:
     condition: dict[str, Any] = field(default_factory=dict)
     fault: str | None = None  # billing fault mode set on the account before the run starts
     path: RunPath | None = None
+    # Its first credit's answer is lost and its reconcile hook leaves it to the drill's operator
+    # (gates.py): the run waits until the operator settles it (the infrastructure drills, infra.py).
+    operator: bool = False
 
     @property
     def account_id(self) -> str:
@@ -196,9 +204,10 @@ class PlannedRun:
         return f"{self.run_id}:{tool_call_id}"
 
 
-def plan_runs(runs: int, seed: int, only: tuple[str, ...] = ()) -> list[PlannedRun]:
+def plan_runs(runs: int, seed: int, only: tuple[str, ...] = (), operator_every: int = 0) -> list[PlannedRun]:
     """Runs in start order; run i meets CYCLE[i % len(CYCLE)], with details drawn from the seed
-    (`only`, for tests of the drill: the cycle keeps just the kinds named, KIND_NAMES).
+    (`only`, for tests of the drill: the cycle keeps just the kinds named, KIND_NAMES). With
+    `operator_every`, every such run is an operator run instead (the infrastructure drills).
 
     The first credit's answer is lost on purpose in a good share of them: `downstream` and `reconcile`
     (billing holds it), `after_answer` on it in half of those runs, `reserve` (billing applies it
@@ -249,8 +258,37 @@ def plan_runs(runs: int, seed: int, only: tuple[str, ...] = ()) -> list[PlannedR
             run.fault = "apply_then_hang"
         elif run.point is None:
             run.fault = "locked"
+        if operator_every and index % operator_every == operator_every - 1:
+            # No kill point: its first credit applies and hangs, and its hook leaves it to the operator.
+            run = PlannedRun(index, run.run_id, run.order_id, fault="apply_then_hang", operator=True)
         planned.append(run)
     return planned
+
+
+@dataclass(frozen=True)
+class InfraConfig:
+    """The infrastructure drills (infra.py): the ledger fails over, Temporal restarts."""
+
+    replication: str | None = None  # "sync" or "async": the ledger on a primary and a standby
+    failovers: int = 0  # primary SIGKILLed and standby promoted, this many times
+    failover_every: float = 20.0  # seconds between failovers (the first after this long too)
+    lag_seconds: float = 0.0  # async: replication held this long before the kill (writes lost)
+    temporal_restarts: int = 0  # the dev server SIGKILLed and started again, this many times
+    temporal_every: float = 20.0
+    temporal_down: float = 5.0  # seconds it stays down each time
+    operator_every: int = 0  # every Nth run waits for an operator (OPERATOR_ACCOUNTS)
+    # Network partitions (netns.py), in order, each of one worker, while it has a call on the wire:
+    # "postgres", "temporal" or "both"; each lasts `partition_seconds` and starts `partition_every`
+    # seconds after the last one healed.
+    partitions: tuple[str, ...] = ()
+    partition_seconds: float = 20.0
+    partition_every: float = 10.0
+    # Tests of the drill only: workers that ignore what a failover lost (ack_worker.py).
+    sabotage_failover: bool = False
+
+    @property
+    def active(self) -> bool:
+        return bool(self.replication or self.temporal_restarts or self.operator_every or self.partitions)
 
 
 @dataclass(frozen=True)
@@ -271,6 +309,7 @@ class DrillConfig:
     sabotage_intent: str | None = None
     # Tests of the drill only: plan just these kinds of run (KIND_NAMES); all of them when empty.
     only: tuple[str, ...] = ()
+    infra: InfraConfig = field(default_factory=lambda: InfraConfig())
 
     def run_dir(self) -> Path:
         return self.data_dir.resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{self.seed}-runs{self.runs}"

@@ -34,8 +34,14 @@ ENVIRONMENT = {
 # wakes. Unset: default_max_cached_workflows(), sized from the machine. See docs/benchmarks.md.
 # ONCEFLOW_SIGNALS: whether a `resolve` signal or update from outside the API may settle a call
 # without an operator assertion the API signed (`open`) or only with one (`verified`).
+# ONCEFLOW_PROFILE: `production` stops a worker whose ledger database can lose an acknowledged write
+# (onceflow/ledger/durability.py; `onceflow doctor` prints the checks); `development` logs them.
+# ONCEFLOW_LEDGER_REPLICATION: `managed` declares a managed service's synchronous copy, which
+# PostgreSQL cannot show the ledger's role (docs/operations.md).
 WORKER_ENVIRONMENT = {
     "ONCEFLOW_SIGNALS": "verified",
+    "ONCEFLOW_PROFILE": "development",
+    "ONCEFLOW_LEDGER_REPLICATION": "streaming",
     "ONCEFLOW_SHUTDOWN_GRACE": "",
     "ONCEFLOW_MAX_CACHED_WORKFLOWS": "",
     "ONCEFLOW_AGENTS_ENABLED": "",
@@ -130,6 +136,8 @@ class Settings:
     agents_enabled: tuple[str, ...] | None = None
     signals: str = "verified"  # ONCEFLOW_SIGNALS as given; the worker checks it
     signal_key: str = field(default="", repr=False)  # a secret: never in a log line
+    profile: str = "development"  # ONCEFLOW_PROFILE as given; the durability check reads it
+    ledger_replication: str = "streaming"  # ONCEFLOW_LEDGER_REPLICATION as given
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -145,6 +153,8 @@ class Settings:
             agents_enabled=_names(os.environ.get("ONCEFLOW_AGENTS_ENABLED", "")),
             signals=env("ONCEFLOW_SIGNALS"),
             signal_key=os.environ.get("ONCEFLOW_SIGNAL_KEY", ""),
+            profile=env("ONCEFLOW_PROFILE"),
+            ledger_replication=env("ONCEFLOW_LEDGER_REPLICATION"),
         )
 
 

@@ -49,6 +49,7 @@ from onceflow.runtime.client import (
     search_attribute_commands,
 )
 from onceflow.runtime.config import Settings
+from onceflow.runtime.lost_calls import reconcile_restored
 from onceflow.runtime.telemetry import configure_tracing, tracing_interceptor
 from onceflow.workflows import ALL_WORKFLOWS
 
@@ -124,6 +125,7 @@ class OnceflowPlugin(SimplePlugin):
         self._search_attributes = search_attributes
         self._users = 0
         self._lock = asyncio.Lock()
+        self._reconciles_restored = False
         self._mcp: Any = None  # onceflow.mcp.runtime.McpToolsets, while workers run
         # Set once a worker passed the start-up checks and polls (onceflow's own worker logs then).
         self.ready = asyncio.Event()
@@ -205,6 +207,11 @@ class OnceflowPlugin(SimplePlugin):
             if self._users == 0:
                 await self._open()
             self._users += 1
+            if not self._reconciles_restored:
+                # Calls a failover of the ledger lost after their run moved on get a reconciler.
+                task_queue = worker.config()["task_queue"]
+                self.ledger.on_restored(reconcile_restored(worker.client, self.registry, task_queue))
+                self._reconciles_restored = True
         try:
             await self._check_search_attributes(worker)
         except BaseException:

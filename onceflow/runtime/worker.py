@@ -26,6 +26,7 @@ from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_model
 from onceflow.runtime.client import connect
 from onceflow.runtime.config import ENVIRONMENT, Settings, default_max_cached_workflows
 from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
+from onceflow.runtime.ledger_check import check_ledger_at_start
 from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
 from onceflow.runtime.plugin import OnceflowPlugin, OnceflowStartupError
 from onceflow.runtime.process_exit import exit_after_cleanup
@@ -174,6 +175,7 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
     door = signal_door(settings)
     mcp_servers: McpToolsets | None = None
     try:
+        await check_ledger_at_start(ledger, settings)
         mcp_servers = await _start_mcp_servers(registry)
         try:
             grace = shutdown_grace(registry, settings.shutdown_grace)

@@ -11,6 +11,7 @@ from pydantic import field_validator
 
 from onceflow.ledger.canonical import uncarried
 from onceflow.ledger.guards import Heard
+from onceflow.ledger.records import ToolExecutionRecord
 from onceflow.ledger.status import SETTLED, FailureKind, Status
 from onceflow.runtime.constants import DEFAULT_RECHECK
 from onceflow.sdk.model_payloads import Frozen, ToolCall
@@ -37,6 +38,11 @@ class ToolCallInput(Frozen):
     # the answer was lost (the ledger went away mid-statement): they sent nothing, so a reservation
     # found `started` under one of them is released as not attempted and reserved again.
     unsent_owners: list[str] = []
+    # When the earliest earlier attempt at this call began, if one was lost (its activity timed out
+    # or its worker died) and the ledger then had no row for it. Had the ledger failed over since,
+    # that attempt's reservation may have been lost with the old primary after it sent: the call is
+    # then made an unknown call rather than sent (ledger/lost_writes.py).
+    lost_attempt_at: datetime | None = None
 
     @field_validator("heard", mode="before")
     @classmethod
@@ -136,6 +142,18 @@ class OwnerOutcome(Frozen):
     # The receiver said it has no record of the key (ToolKeyNotFoundError): the one refusal that
     # proves a resent call never took effect.
     no_record_of_key: bool = False
+    # The row as the owner's reservation wrote it (write calls): a row a failover of the ledger lost
+    # or set back is restored from it as an unknown call, never read as "not sent".
+    reserved: ToolExecutionRecord | None = None
+
+    def reported(self) -> dict[str, Any]:
+        """What the owner knows of how the call ended, for the record of a call a failover lost."""
+        return {
+            "status": self.status,
+            "result": self.value,
+            "error": self.error,
+            "failure_kind": self.failure_kind,
+        }
 
 
 class CallRef(Frozen):

@@ -8,7 +8,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from onceflow.activities.held import wake_held
-from onceflow.activities.outcomes import outcome_from_record
+from onceflow.activities.outcomes import as_told, outcome_from_record
 from onceflow.activities.sending import record_outcome
 from onceflow.activities.signal_door import SignalDoor, SignalRefused
 from onceflow.ledger import (
@@ -51,7 +51,8 @@ class LedgerActivities:
         attempted first. `started` past its owner's lease:
         it may have been sent, so it becomes `indeterminate`. `started` within it is left alone (its
         owner may still be sending it): the outcome says until when, and the workflow asks again
-        then. Anything else is the ledger's answer as it stands.
+        then. Anything else is the ledger's answer as it stands, as the model is to be told it (a
+        reused call whose source was undone since is told so).
         """
         record = await self.ledger.find(ref.key)
         if record is None:
@@ -74,7 +75,7 @@ class LedgerActivities:
                 source=EventSource.INSPECTOR,
                 lease_ended=True,
             )
-        return outcome_from_record(record)
+        return await as_told(self.ledger, record, replayed=False)
 
     @activity.defn(name="record_outcome")
     async def record_outcome(self, outcome: OwnerOutcome) -> ToolOutcome:

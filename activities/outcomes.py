@@ -8,7 +8,7 @@ from datetime import datetime
 
 from temporalio import activity
 
-from onceflow.ledger import Status, ToolExecutionRecord
+from onceflow.ledger import Ledger, Status, ToolExecutionRecord
 from onceflow.sdk.payloads import ToolOutcome
 
 
@@ -31,6 +31,28 @@ def outcome_from_record(record: ToolExecutionRecord, *, replayed: bool = False) 
         held_by=record.held_by,
         settled_at=record.settled_at,
         lease_expires_at=record.lease_expires_at if record.status is Status.STARTED else None,
+    )
+
+
+async def as_told(ledger: Ledger, record: ToolExecutionRecord, *, replayed: bool) -> ToolOutcome:
+    """What the model is told of a call the ledger answers for. A reused call points to the call
+    that took effect: if an operator undid that one since, the model is told so, never that the
+    effect stands (whether the reuse is replayed by a reset or read back by an inspection)."""
+    outcome = outcome_from_record(record, replayed=replayed)
+    if record.reused_from is None or record.status is not Status.COMPLETED:
+        return outcome
+    source = await ledger.find(record.reused_from)
+    if source is None or source.status is not Status.COMPENSATED:
+        return outcome
+    undone = await ledger.get(source.key)
+    by = next((e.actor for e in reversed(undone.events) if e.kind == "compensated"), None)
+    return outcome.model_copy(
+        update={
+            "status": Status.COMPENSATED,
+            "settled_by": by,
+            "settlement_reason": f"the call whose result it was given ({source.tool_call_id}) took "
+            "effect and was undone (compensated)",
+        }
     )
 
 

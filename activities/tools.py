@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
 from onceflow.activities.budget_limits import BudgetLimitUnavailableError, budget_limit
-from onceflow.activities.outcomes import attempt_deadline, outcome_from_record, owner_token
+from onceflow.activities.outcomes import as_told, attempt_deadline, outcome_from_record, owner_token
 from onceflow.activities.sending import record_outcome, send_once, unkeepable_result
 from onceflow.activities.tool_io import checked_arguments, oversized, refused, split_arguments, tool_context
 from onceflow.ledger import (
@@ -236,26 +236,18 @@ class ToolActivities:
             ) from exc
 
     async def _answered(self, reservation: ReserveResult) -> ToolOutcome:
-        """What the model is told of a call the ledger answered for. A reused call asked again (a
-        reset replaying it) points to the call that took effect: if an operator undid that one since,
-        the model is told so, never that the effect stands."""
+        """What the model is told of a call the ledger answered for (a reused call whose source was
+        undone since is told so: `as_told`)."""
         record = reservation.record
-        outcome = outcome_from_record(record, replayed=record.status is Status.COMPLETED)
-        if reservation.outcome is not Reservation.REUSED or record.reused_from is None:
-            return outcome
-        source = await self._recorded(record.reused_from)
-        if source is None or source.status is not Status.COMPENSATED:
-            return outcome
-        undone = await self.ledger.get(source.key)
-        by = next((e.actor for e in reversed(undone.events) if e.kind == "compensated"), None)
-        return outcome.model_copy(
-            update={
-                "status": Status.COMPENSATED,
-                "settled_by": by,
-                "settlement_reason": f"the call whose result it was given ({source.tool_call_id}) took "
-                "effect and was undone (compensated)",
-            }
-        )
+        replayed = record.status is Status.COMPLETED
+        if reservation.outcome is not Reservation.REUSED:
+            return outcome_from_record(record, replayed=replayed)
+        try:
+            return await as_told(self.ledger, record, replayed=replayed)
+        except LedgerUnavailableError as exc:
+            raise ApplicationError(
+                f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
+            ) from exc
 
     async def _recorded(self, key: str) -> ToolExecutionRecord | None:
         try:

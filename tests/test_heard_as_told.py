@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from onceflow.activities.ledger_steps import LedgerActivities
 from onceflow.ledger import (
     FailureKind,
     Guard,
@@ -22,6 +23,7 @@ from onceflow.ledger import (
     Status,
     ToolExecutionRecord,
 )
+from onceflow.sdk.payloads import CallRef
 from tests.support.ledger_guards import reserve, run_id
 
 EVIDENCE = {"checked": "the receiver's records"}
@@ -107,6 +109,27 @@ async def test_a_call_reused_from_an_undone_effect_is_never_a_source_of_reuse(le
         assert again.outcome is Reservation.REFUSED, f"{call}: {again.outcome} {again.record.reused_from}"
         assert again.record.failure_kind is FailureKind.GUARD_REFUSED
         assert "compensated" in (again.record.error or "")
+
+
+async def test_a_reused_call_read_back_by_an_inspection_after_its_source_was_undone_is_told_so(
+    ledger: Ledger,
+) -> None:
+    """c2 was reused from c1, but the attempt that reserved it timed out before it could answer the
+    run, so the run inspects c2. An operator compensated c1 in between: the model is told c2's
+    effect was undone, never "completed" with c1's old result (seen by the model of issue 40)."""
+    run = run_id()
+    first = await sent_and_completed(ledger, run, "c1", Guard())
+    reused = await reserve(ledger, run, "c2", Guard())
+    assert reused.outcome is Reservation.REUSED
+    ref = CallRef(key=reused.record.key, tool="issue_credit", tool_call_id="c2")
+    steps = LedgerActivities(ledger)
+
+    before = await steps.inspect_call(ref)
+    assert before is not None and before.status is Status.COMPLETED and before.value == {"id": "c1"}
+    await ledger.mark_compensated(first.key, actor="operator:ann", reason="voided")
+    after = await steps.inspect_call(ref)
+    assert after is not None and after.status is Status.COMPENSATED
+    assert after.settled_by == "operator:ann" and "c1" in (after.settlement_reason or "")
 
 
 async def test_hearing_a_reused_call_is_hearing_the_effect_it_was_given(ledger: Ledger) -> None:

@@ -14,9 +14,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
-from onceflow.activities.outcomes import outcome_from_record, owner_token
+from onceflow.activities.outcomes import attempt_deadline, outcome_from_record, owner_token
 from onceflow.activities.sending import record_outcome, send_once
 from onceflow.ledger import (
+    AttemptExpiredError,
     CallIdentity,
     CompensationNotRequestedError,
     EventSource,
@@ -29,6 +30,8 @@ from onceflow.ledger.compensations import COMPENSATION_ACTOR
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.constants import (
     ACTIVITY_MARGIN,
+    DEFAULT_RECHECK,
+    ERR_ATTEMPT_EXPIRED,
     ERR_COMPENSATION_NOT_REQUESTED,
     ERR_LEDGER_UNAVAILABLE,
     ERR_NO_COMPENSATION,
@@ -83,10 +86,14 @@ class CompensationActivities:
                 asked.actor,
             )
         assert tool.compensation is not None
+        agent = self.registry.agents.get(record.agent)
         return CompensationPlan(
             compensation_key=compensation_key(record.key),
             hook=tool.compensation.__name__,
             timeout_seconds=tool.effect.timeout.total_seconds(),
+            recheck_interval_seconds=agent.config.tool_policy.recheck_interval.total_seconds()
+            if agent is not None
+            else DEFAULT_RECHECK.total_seconds(),
         )
 
     @activity.defn(name="run_compensation")
@@ -110,7 +117,10 @@ class CompensationActivities:
                 arguments={"compensates": original.key},
                 owner=owner,
                 lease=tool.effect.timeout + ACTIVITY_MARGIN,
+                not_after=attempt_deadline(),
             )
+        except AttemptExpiredError as exc:
+            raise ApplicationError(str(exc), type=ERR_ATTEMPT_EXPIRED, non_retryable=True) from exc
         except LedgerUnavailableError as exc:
             raise ApplicationError(
                 f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True

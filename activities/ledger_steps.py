@@ -39,8 +39,10 @@ class LedgerActivities:
     async def inspect_call(self, ref: CallRef) -> ToolOutcome | None:
         """After a write activity was lost: what does the ledger know?
 
-        No row: nothing was reserved, so nothing was sent (None). `started`: it may have been sent,
-        so it becomes `indeterminate`. Anything else is the ledger's answer as it stands.
+        No row: nothing was reserved, so nothing was sent (None). `started` past its owner's lease:
+        it may have been sent, so it becomes `indeterminate`. `started` within it is left alone (its
+        owner may still be sending it): the outcome says until when, and the workflow asks again
+        then. Anything else is the ledger's answer as it stands.
         """
         record = await self.ledger.find(ref.key)
         if record is None:
@@ -51,6 +53,7 @@ class LedgerActivities:
                 actor="inspector",
                 reason="the activity running this call timed out or its worker died",
                 source=EventSource.INSPECTOR,
+                lease_ended=True,
             )
         return outcome_from_record(record)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import datetime
 
 from temporalio import activity
 
-from onceflow.ledger import ToolExecutionRecord
+from onceflow.ledger import Status, ToolExecutionRecord
 from onceflow.sdk.payloads import ToolOutcome
 
 
@@ -28,6 +29,8 @@ def outcome_from_record(record: ToolExecutionRecord, *, replayed: bool = False) 
         replayed=replayed,
         reused_from=record.reused_from.rpartition(":")[2] if record.reused_from else None,
         held_by=record.held_by,
+        settled_at=record.settled_at,
+        lease_expires_at=record.lease_expires_at if record.status is Status.STARTED else None,
     )
 
 
@@ -39,3 +42,12 @@ def owner_token(worker_identity: str) -> str:
     """Names this exact attempt: a reset run, a retry or another worker gets a different token."""
     info = activity.info()
     return f"{info.workflow_run_id}/{info.activity_id}#{info.attempt}@{worker_identity}"
+
+
+def attempt_deadline() -> datetime | None:
+    """When the workflow gives up on this activity attempt: its start plus its start-to-close
+    timeout. The ledger reserves nothing for an attempt past it (AttemptExpiredError)."""
+    info = activity.info()
+    if info.start_to_close_timeout is None:
+        return None
+    return info.started_time + info.start_to_close_timeout

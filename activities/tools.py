@@ -14,10 +14,11 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
 from onceflow.activities.budget_limits import BudgetLimitUnavailableError, budget_limit
-from onceflow.activities.outcomes import outcome_from_record, owner_token
+from onceflow.activities.outcomes import attempt_deadline, outcome_from_record, owner_token
 from onceflow.activities.sending import record_outcome, send_once, unkeepable_result
 from onceflow.activities.tool_io import checked_arguments, oversized, refused, split_arguments, tool_context
 from onceflow.ledger import (
+    AttemptExpiredError,
     CallIdentity,
     FailureKind,
     GuardArgumentError,
@@ -28,10 +29,12 @@ from onceflow.ledger import (
     TenantMismatchError,
     ToolExecutionRecord,
 )
+from onceflow.ledger.records import Reservation, ReserveResult
 from onceflow.ledger.run_ids import RunIdTakenError
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.constants import (
     ACTIVITY_MARGIN,
+    ERR_ATTEMPT_EXPIRED,
     ERR_BUDGET_LIMIT_UNAVAILABLE,
     ERR_INVALID_RUN_ID,
     ERR_LEDGER_UNAVAILABLE,
@@ -158,14 +161,21 @@ class ToolActivities:
                 lease=tool.effect.timeout + ACTIVITY_MARGIN,
                 guard=guard,
                 execution=execution,
+                not_after=attempt_deadline(),
+                # Earlier attempts whose answer was lost: a reservation of theirs was never sent.
+                unsent_owners=tool_input.unsent_owners,
             )
         except GuardArgumentError as exc:
             return refused(call, exc)
         except RunIdTakenError as exc:
             raise ApplicationError(str(exc), type=ERR_RUN_ID_TAKEN, non_retryable=True) from exc
+        except AttemptExpiredError as exc:
+            raise ApplicationError(str(exc), type=ERR_ATTEMPT_EXPIRED, non_retryable=True) from exc
         except LedgerUnavailableError as exc:
+            # Perhaps the reservation committed and only its answer was lost: the next attempt
+            # recognises it by this attempt's owner token.
             raise ApplicationError(
-                f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
+                f"not sent: {exc}", {"owner": owner}, type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
             ) from exc
         except PayloadMismatchError as exc:
             raise ApplicationError(str(exc), type=ERR_PAYLOAD_MISMATCH, non_retryable=True) from exc
@@ -173,9 +183,7 @@ class ToolActivities:
             raise ApplicationError(str(exc), type=ERR_TENANT_MISMATCH, non_retryable=True) from exc
         self._remember_claim(tool_input)
         if not reservation.may_send:
-            return outcome_from_record(
-                reservation.record, replayed=reservation.record.status is Status.COMPLETED
-            )
+            return await self._answered(reservation)
         context = tool_context(tool_input, reservation.record.attempt)
         outcome = await self._send(tool, arguments, context, owner)
         metrics.record_send(tool.name, outcome.status)
@@ -194,6 +202,28 @@ class ToolActivities:
                 type=ERR_OUTCOME_NOT_RECORDED,
                 non_retryable=True,
             ) from exc
+
+    async def _answered(self, reservation: ReserveResult) -> ToolOutcome:
+        """What the model is told of a call the ledger answered for. A reused call asked again (a
+        reset replaying it) points to the call that took effect: if an operator undid that one since,
+        the model is told so, never that the effect stands."""
+        record = reservation.record
+        outcome = outcome_from_record(record, replayed=record.status is Status.COMPLETED)
+        if reservation.outcome is not Reservation.REUSED or record.reused_from is None:
+            return outcome
+        source = await self._recorded(record.reused_from)
+        if source is None or source.status is not Status.COMPENSATED:
+            return outcome
+        undone = await self.ledger.get(source.key)
+        by = next((e.actor for e in reversed(undone.events) if e.kind == "compensated"), None)
+        return outcome.model_copy(
+            update={
+                "status": Status.COMPENSATED,
+                "settled_by": by,
+                "settlement_reason": f"the call whose result it was given ({source.tool_call_id}) took "
+                "effect and was undone (compensated)",
+            }
+        )
 
     async def _recorded(self, key: str) -> ToolExecutionRecord | None:
         try:

@@ -4,6 +4,7 @@ from onceflow.ledger.canonical import CanonicalPayload, canonical_payload
 from onceflow.ledger.compensations import CompensationRequest
 from onceflow.ledger.errors import (
     AlreadySettledError,
+    AttemptExpiredError,
     CompensationNotRequestedError,
     ConflictNotOpenError,
     EvidenceRequiredError,
@@ -20,7 +21,7 @@ from onceflow.ledger.errors import (
     ReusedCallError,
     TenantMismatchError,
 )
-from onceflow.ledger.guards import Guard, GuardArgumentError
+from onceflow.ledger.guards import Guard, GuardArgumentError, Heard
 from onceflow.ledger.migrate import migrate
 from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
 from onceflow.ledger.resends import ResendDecision
@@ -43,6 +44,7 @@ __all__ = [
     "SETTLED",
     "UNRESOLVED",
     "AlreadySettledError",
+    "AttemptExpiredError",
     "CallIdentity",
     "CanonicalPayload",
     "CompensationNotRequestedError",
@@ -53,6 +55,7 @@ __all__ = [
     "FailureKind",
     "Guard",
     "GuardArgumentError",
+    "Heard",
     "HeldCallError",
     "InvalidTransitionError",
     "Ledger",

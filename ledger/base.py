@@ -83,11 +83,30 @@ def check_provenance(actor: str, source: EventSource) -> None:
 # that was killed meanwhile would commit once the lock came free, leaving a `started` call that
 # nobody sent.
 CLIENT_CHECK_INTERVAL = "100ms"
+# The guards decide inside one statement, after advisory locks, and rely on each statement seeing
+# what committed before it began: READ COMMITTED. Under REPEATABLE READ the function's statements
+# would read the snapshot taken before the locks were waited for, and two twins waiting on one
+# intent lock would both find no twin and both be sent. A database (or role) default of another
+# level is overridden on the ledger's own connections (ledger/migrate.py reports such a default).
+ISOLATION = "read committed"
+# The server probes an idle client's socket after this many seconds, this often, this many times:
+# a worker whose host vanished without closing its socket is noticed while a statement of its waits
+# on a lock, which client_connection_check_interval alone cannot see (it sees closed sockets only).
+# No effect over a Unix socket.
+KEEPALIVES = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
+_SESSION_SETTINGS = "; ".join(
+    [
+        f"SET client_connection_check_interval = '{CLIENT_CHECK_INTERVAL}'",
+        f"SET default_transaction_isolation = '{ISOLATION}'",
+        *(f"SET {name} = {value}" for name, value in KEEPALIVES.items()),
+    ]
+)
 
 
 async def _set_up(conn: asyncpg.Connection) -> None:
-    """Every new pooled connection: the one session setting the ledger makes, the same on all."""
-    await conn.execute(f"SET client_connection_check_interval = '{CLIENT_CHECK_INTERVAL}'")
+    """Every new pooled connection: the session settings the ledger makes, the same on all, in one
+    round trip."""
+    await conn.execute(_SESSION_SETTINGS)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

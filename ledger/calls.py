@@ -8,7 +8,8 @@ decision is flagged as a conflict (ledger.conflicts).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -19,6 +20,7 @@ from onceflow.ledger.base import to_json
 from onceflow.ledger.canonical import canonical_payload
 from onceflow.ledger.conflicts import ConflictFlags, contradicts, never_sent, same_report
 from onceflow.ledger.errors import (
+    AttemptExpiredError,
     LedgerUnavailableError,
     OutcomeIgnoredError,
     RecordNotFoundError,
@@ -91,6 +93,8 @@ class CallPath(GuardedReservations, ConflictFlags):
         lease: timedelta | None = None,
         guard: Guard | None = None,
         execution: str | None = None,
+        not_after: datetime | None = None,
+        unsent_owners: Sequence[str] = (),
     ) -> ReserveResult:
         """Write the call down before it runs. Of any number of racing callers, one may send.
 
@@ -101,7 +105,63 @@ class CallPath(GuardedReservations, ConflictFlags):
         in the same transaction: the call may come back held, reused or refused instead.
         With `execution` (the run's first execution), the run id is claimed for it first, in the
         same statement when guarded (ledger/run_ids.py); RunIdTakenError if another holds it.
+        With `not_after` (the attempt's deadline), nothing is reserved once the database's clock
+        is past it (AttemptExpiredError): the attempt's workflow has given up on it, and may have
+        run the call again and told the model how that ended.
+        With `unsent_owners` (the owner tokens of earlier attempts whose reservation may have
+        committed while its answer was lost: they sent nothing), a call found `started` under one of
+        them is released as not attempted and reserved afresh, instead of answering IN_FLIGHT.
         """
+        reserved = await self._reserve(
+            call,
+            tool_name=tool_name,
+            side_effect=side_effect,
+            arguments=arguments,
+            owner=owner,
+            approval=approval,
+            lease=lease,
+            guard=guard,
+            execution=execution,
+            not_after=not_after,
+        )
+        record = reserved.record
+        lost = reserved.outcome is Reservation.IN_FLIGHT and record.status is Status.STARTED
+        if not (lost and record.owner in unsent_owners):
+            return reserved
+        assert record.owner is not None
+        await self.fail(
+            call.key,
+            owner=record.owner,
+            kind=FailureKind.NOT_ATTEMPTED,
+            error="its reservation committed but the answer was lost; nothing was sent",
+        )
+        return await self._reserve(
+            call,
+            tool_name=tool_name,
+            side_effect=side_effect,
+            arguments=arguments,
+            owner=owner,
+            approval=approval,
+            lease=lease,
+            guard=guard,
+            execution=execution,
+            not_after=not_after,
+        )
+
+    async def _reserve(
+        self,
+        call: CallIdentity,
+        *,
+        tool_name: str,
+        side_effect: SideEffect,
+        arguments: dict[str, Any],
+        owner: str,
+        approval: bool,
+        lease: timedelta | None,
+        guard: Guard | None,
+        execution: str | None,
+        not_after: datetime | None,
+    ) -> ReserveResult:
         payload = canonical_payload(tool_name, arguments)
         if execution is not None and guard is None:
             await RunIds(self).claim(call.run_id, execution=execution, tenant=call.tenant, agent=call.agent)
@@ -123,6 +183,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                 lease=lease,
                 guard=guard,
                 execution=execution,
+                not_after=not_after,
             )
         initial = Status.AWAITING_APPROVAL if approval else Status.STARTED
         async with self.connection("reserve", key=call.key, tool=tool_name) as conn:
@@ -143,6 +204,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     payload.sha256,
                     owner,
                     lease,
+                    not_after,
                 )
                 if row is not None:
                     record = to_record(row)
@@ -152,6 +214,10 @@ class CallPath(GuardedReservations, ConflictFlags):
                     self.annotate(record, outcome)
                     return ReserveResult(outcome=outcome, record=record)
                 existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
+                if not_after is not None and (existing is None or existing["status"] == Status.FAILED):
+                    # Nothing was taken where a fresh or failed key would be: past the deadline?
+                    if await conn.fetchval(queries.PAST, not_after):
+                        raise AttemptExpiredError(call.key, not_after)
                 if existing is None:  # pragma: no cover - rows are never deleted while a key is live
                     raise RecordNotFoundError(call.key)
                 record = to_record(existing)
@@ -330,14 +396,22 @@ class CallPath(GuardedReservations, ConflictFlags):
         return record
 
     async def mark_indeterminate(
-        self, key: str, *, actor: str, reason: str, source: EventSource = EventSource.INSPECTOR
+        self,
+        key: str,
+        *,
+        actor: str,
+        reason: str,
+        source: EventSource = EventSource.INSPECTOR,
+        lease_ended: bool = False,
     ) -> ToolExecutionRecord:
         """`started` becomes `indeterminate`: it may have taken effect and nobody knows yet.
 
         Returns the record as it stands afterwards; a call already past `started` is left alone.
+        With `lease_ended` (anyone but the owner), so is a call whose owner's lease has not run out:
+        its owner may still be sending it, and will say how it ended.
         """
         async with self.connection("mark_indeterminate", key=key) as conn, conn.transaction():
-            row = await conn.fetchrow(queries.SET_INDETERMINATE, key, reason)
+            row = await conn.fetchrow(queries.SET_INDETERMINATE, key, reason, lease_ended)
             if row is None:
                 current = await conn.fetchrow(queries.SELECT_RECORD, key)
                 if current is None:

@@ -40,6 +40,17 @@ class TenantMismatchError(LedgerError):
         self.key = key
 
 
+class AttemptExpiredError(LedgerError):
+    """The attempt reserving a call is past its own deadline: its workflow has given up on it and may
+    have run the call again, so it reserves nothing (and sends nothing)."""
+
+    def __init__(self, key: str, not_after: datetime | None) -> None:
+        when = not_after.isoformat() if not_after is not None else "its deadline"
+        super().__init__(f"{key!r} was not reserved: the attempt is past {when}; nothing was sent")
+        self.key = key
+        self.not_after = not_after
+
+
 class InvalidTransitionError(LedgerError):
     """The record is not in a state that allows the requested change."""
 

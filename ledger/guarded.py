@@ -26,8 +26,13 @@ from onceflow import metrics
 from onceflow.ledger import queries
 from onceflow.ledger.base import LedgerBase, check_provenance
 from onceflow.ledger.canonical import CanonicalPayload
-from onceflow.ledger.errors import LedgerUnavailableError, PayloadMismatchError, TenantMismatchError
-from onceflow.ledger.guards import Action, Guard, GuardArgumentError
+from onceflow.ledger.errors import (
+    AttemptExpiredError,
+    LedgerUnavailableError,
+    PayloadMismatchError,
+    TenantMismatchError,
+)
+from onceflow.ledger.guards import Action, Guard, GuardArgumentError, Heard
 from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
 from onceflow.ledger.run_ids import RunIdTakenError
 from onceflow.ledger.status import EventSource, SideEffect, Status
@@ -40,6 +45,7 @@ _TENANT_MISMATCH = "OF002"
 _RUN_ID_TAKEN = "OF003"
 _BLOCKER_SETTLED = "OF004"
 _CHANGED_MEANWHILE = "OF005"
+_PAST_DEADLINE = "OF006"
 
 
 def decided_again(record: ToolExecutionRecord) -> bool:
@@ -67,8 +73,14 @@ def statement_values(
     approval: bool,
     lease: timedelta | None,
     guard: Guard,
+    not_after: datetime | None = None,
 ) -> tuple[Any, ...]:
-    """The parameters of queries.GUARDED_RESERVE ($1 to $23), in order."""
+    """The parameters of queries.GUARDED_RESERVE ($1 to $26), in order."""
+    # (A guard copied with `model_copy(update=...)` skips validation: bare ids may still be here.)
+    heard = sorted(
+        (Heard(tool_call_id=h) if isinstance(h, str) else h for h in guard.heard),
+        key=lambda h: h.tool_call_id,
+    )
     return (
         guard.locks(tenant=tenant, run_id=run_id, tool_name=tool_name, payload_sha256=payload.sha256),
         key,
@@ -90,9 +102,12 @@ def statement_values(
         guard.amount,
         guard.limit,
         guard.replaces,
-        list(guard.heard),
+        [h.tool_call_id for h in heard],
         guard.toolset,
         guard.currency,
+        [h.status.value if h.status is not None else None for h in heard],
+        [h.settled_at for h in heard],
+        not_after,
     )
 
 
@@ -113,9 +128,12 @@ class GuardedReservations(LedgerBase):
         lease: timedelta | None,
         guard: Guard,
         execution: str | None = None,
+        not_after: datetime | None = None,
     ) -> ReserveResult:
         """`execution`: the run's first execution, when this write is to claim the run id for it
-        first (RunIdTakenError when another execution holds it; nothing is reserved then)."""
+        first (RunIdTakenError when another execution holds it; nothing is reserved then).
+        `not_after`: the attempt's deadline; past it (by the database's clock, after the locks)
+        AttemptExpiredError, and nothing is reserved."""
         check_provenance(owner, EventSource.OWNER)  # the function writes events as the owner
         values = statement_values(
             key=key,
@@ -130,6 +148,7 @@ class GuardedReservations(LedgerBase):
             approval=approval,
             lease=lease,
             guard=guard,
+            not_after=not_after,
         )
         query = queries.GUARDED_RESERVE
         if execution is not None:
@@ -154,6 +173,8 @@ class GuardedReservations(LedgerBase):
                     raise GuardArgumentError(exc.args[0] if exc.args else str(exc)) from None
                 if exc.sqlstate == _TENANT_MISMATCH:
                     raise TenantMismatchError(key) from None
+                if exc.sqlstate == _PAST_DEADLINE:
+                    raise AttemptExpiredError(key, not_after) from None
                 if exc.sqlstate == _RUN_ID_TAKEN:
                     raise RunIdTakenError(run_id, datetime.fromisoformat(exc.detail or "")) from None
                 raise

@@ -33,12 +33,14 @@ hands every other call to `onceflow_guarded_decide`, which holds them.) This mod
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from onceflow.ledger.errors import LedgerError
+from onceflow.ledger.status import Status
 
 GUARD_ACTOR = "onceflow:guard"
 _CURRENCY = re.compile(r"[A-Z][A-Z0-9]{1,11}")
@@ -47,6 +49,23 @@ _CURRENCY = re.compile(r"[A-Z][A-Z0-9]{1,11}")
 class GuardArgumentError(LedgerError, ValueError):
     """The call's guard arguments make no sense (it replaces a call that does not exist, a negative
     amount...). Nothing was reserved; the model is told and may correct the call."""
+
+
+class Heard(BaseModel):
+    """A call of the run whose outcome the model was told, and what it was told: the status and that
+    outcome's settlement (the row's `settled_at`, which every settling transition stamps anew).
+
+    A twin counts as heard only while its outcome is still the one the model was told: a conflict
+    acknowledged as another status, a compensation or a re-send since makes it unheard again, and
+    so does an open conflict. `status` None: recorded before the workflow passed what it told (a
+    bare tool call id), judged by the twin's status as it stands.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tool_call_id: str
+    status: Status | None = None
+    settled_at: datetime | None = None
 
 
 class Guard(BaseModel):
@@ -61,12 +80,20 @@ class Guard(BaseModel):
     amount: Decimal | None = None  # what the call draws on the entity's budget
     limit: Decimal | None = None
     replaces: str | None = None  # the key of the call this one replaces
-    # The tool call ids of this run whose settled outcome the model had heard (was given in its
-    # conversation) when it asked for this call. Only twins among them may be new effects.
-    heard: frozenset[str] = frozenset()
+    # The calls of this run whose settled outcome the model had heard (was given in its conversation)
+    # when it asked for this call, with what it was told. Only twins among them may be new effects.
+    # A bare tool call id is a Heard without a status (inputs recorded before outcomes were passed).
+    heard: frozenset[Heard | str] = frozenset()
     # The toolset the tool belongs to: entity slots and budgets are its own. None: any toolset's.
     toolset: str | None = None
     currency: str | None = None  # the amount's currency: a budget of its own
+
+    @field_validator("heard", mode="before")
+    @classmethod
+    def _heard(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("heard is a collection of calls, not one tool call id")
+        return frozenset(Heard(tool_call_id=v) if isinstance(v, str) else v for v in value)
 
     @field_validator("currency")
     @classmethod

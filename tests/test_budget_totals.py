@@ -20,7 +20,7 @@ from onceflow.ledger.migrate import discover
 from onceflow.local.postgres import create_database, drop_database
 from tests.support.budget_history import CURRENCIES, ENTITIES, TENANTS, TOOLS, TOOLSETS, Call, Driver
 from tests.support.ledger_invariants import age_everything
-from tests.support.migrations import migrations_before, version_of
+from tests.support.migrations import migrate_to_just_before, version_of
 
 # Migration 0010's body, word for word: the sum over every row, and what purges folded away.
 OLD_BUDGET_USED = """
@@ -232,7 +232,7 @@ async def test_the_migration_back_fills_a_ledger_with_history(
     name = f"onceflow_test_{uuid.uuid4().hex[:12]}"
     dsn = await create_database(postgres_dsn, name)
     try:
-        assert await migrate(dsn, directory=migrations_before(upgrade, tmp_path / "migrations")) == totals - 1
+        assert await migrate_to_just_before(dsn, upgrade, tmp_path / "migrations") == totals - 1
         store = await Ledger.connect(dsn, max_size=4)
         try:
             driver = Driver(store, dsn, random.Random(7))
@@ -272,3 +272,30 @@ async def test_the_migration_back_fills_a_ledger_with_history(
             await store.close()
     finally:
         await drop_database(postgres_dsn, name)
+
+
+async def test_a_reused_row_that_comes_to_draw_its_amount_is_added_to_its_total(database_url: str) -> None:
+    """A reused result draws nothing. Should such a row ever pass through `started` and then draw
+    (reused_from cleared, which no path of the ledger does today, and the CHECK
+    `reused_is_completed` forbids: this test's own database drops it), its key's total must follow:
+    the update trigger's quick test for "draws the same before and after" looks at reused_from on
+    both sides (before the definitions it looked only at the new row)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("ALTER TABLE tool_executions DROP CONSTRAINT reused_is_completed")
+        await conn.execute(OLD_BUDGET_USED)  # the full sum, the oracle assert_totals_match asks
+        await conn.execute(
+            "INSERT INTO tool_executions (key, tenant, run_id, tool_call_id, tool_name, side_effect, status,"
+            " payload, payload_sha256, owner, amount, entity, toolset, reused_from)"
+            " VALUES ('r:c2', 't1', 'r', 'c2', 'refund', 'external', 'started', '{}', $1, 'w1', 5,"
+            " 'ord_1', 'billing', 'r:c1')",
+            "0" * 64,
+        )
+        assert await assert_totals_match(conn, ["r:c2"]) > 0
+        await conn.execute(
+            "UPDATE tool_executions SET reused_from = NULL, status = 'completed' WHERE key = 'r:c2'"
+        )
+        await assert_totals_match(conn, ["r:c2"])
+        assert await conn.fetchval("SELECT carried FROM budget_totals WHERE entity = 'ord_1'") == 5
+    finally:
+        await conn.close()

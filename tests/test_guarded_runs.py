@@ -187,7 +187,15 @@ async def test_two_twins_in_one_answer_pay_once_and_a_repeat_after_hearing_both_
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
         and e.activity_task_scheduled_event_attributes.activity_type.name == "run_write_tool"
     ]
-    assert heard == [[], [], [first.rpartition(":")[2], twin.rpartition(":")[2]]]
+    assert [[h.tool_call_id for h in one] for one in heard] == [
+        [],
+        [],
+        [first.rpartition(":")[2], twin.rpartition(":")[2]],
+    ]
+    # Each heard call carries what the model was told of it: the status and the settlement.
+    told = {(await ledger.get(key)).tool_call_id: await ledger.get(key) for key in (first, twin)}
+    for h in heard[-1]:
+        assert (h.status, h.settled_at) == (Status.COMPLETED, told[h.tool_call_id].settled_at)
     replayed = await replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert replayed.replay_failure is None
 
@@ -198,7 +206,7 @@ async def test_a_reset_while_the_first_credit_is_in_flight_reconciles_it_and_reu
     """The reset ends the run whose activity was sending the credit, so nobody would look after
     that call. The new run, held behind it, adopts it: unknown, reconciled, and its result reused."""
     DOWNSTREAM.modes["acct_o1"] = "hang_after_apply"
-    handle = await harness.start("fresh-reuse-reconciled", ORDER)
+    handle = await harness.start("fresh-slow-reconciled", ORDER)
     await eventually(lambda: _received(1), "the first credit to reach the downstream")
     first_run = (await handle.describe()).run_id
     assert first_run is not None
@@ -208,6 +216,13 @@ async def test_a_reset_while_the_first_credit_is_in_flight_reconciles_it_and_reu
     first_key, second_key = await write_keys(harness.ledger, handle.id)
     first = await harness.ledger.get(first_key)
     assert first.status is Status.COMPLETED and first.settled_by == "reconciler"
+    # The new run asked about it at once, while its first attempt was on the wire (its owner's lease
+    # live for 9 s): nobody but that owner may call it unknown (or settle it) before the lease ends.
+    [unknown] = [e for e in first.events if e.kind == "indeterminate"]
+    assert first.lease_expires_at is not None
+    assert unknown.actor == first.owner or unknown.at >= first.lease_expires_at, (
+        f"made unknown by {unknown.actor} at {unknown.at}, inside the owner's lease ({first.lease_expires_at})"
+    )
     second = await harness.ledger.get(second_key)
     assert second.reused_from == first_key and [e.kind for e in second.events] == ["held", "reused"]
     assert DOWNSTREAM.received == DOWNSTREAM.effects == {first_key: 1}

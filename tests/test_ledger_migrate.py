@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -26,9 +27,16 @@ from onceflow.ledger import (
     Status,
     migrate,
 )
-from onceflow.ledger.migrate import MIGRATIONS_DIR, UnsupportedServerError, check_server, discover
+from onceflow.ledger.migrate import (
+    DEFINITIONS_DIR,
+    MIGRATIONS_DIR,
+    UnsupportedServerError,
+    check_server,
+    discover,
+    discover_definitions,
+)
 from onceflow.local.postgres import create_database, drop_database
-from tests.support.migrations import migrations_before
+from tests.support.migrations import migrate_to_just_before
 
 LATEST = len(discover())
 
@@ -309,8 +317,7 @@ async def test_0021_moves_the_rules_to_domains_without_rewriting_and_its_rows_va
 ) -> None:
     """On a ledger with calls and events, 0021 rebuilds no table or index, the rules hold after it,
     and the `VALIDATE` docs/operations.md offers finds the existing rows valid."""
-    earlier = migrations_before("allowed_values_as_domains", tmp_path)
-    assert await migrate(empty_database, directory=earlier) == 20
+    assert await migrate_to_just_before(empty_database, "allowed_values_as_domains", tmp_path) == 20
     ledger = await Ledger.connect(empty_database)
     try:
         for n in range(3):
@@ -328,9 +335,11 @@ async def test_0021_moves_the_rules_to_domains_without_rewriting_and_its_rows_va
     conn = await asyncpg.connect(empty_database)
     try:
         files = "SELECT relname, relfilenode FROM pg_class WHERE relkind IN ('r', 'i') ORDER BY relname"
-        before = await conn.fetch(files)
+        before: dict[str, int] = {r["relname"]: r["relfilenode"] for r in await conn.fetch(files)}
         assert await migrate(conn) == LATEST
-        assert await conn.fetch(files) == before
+        # (and the definitions' record, a table new on such a ledger)
+        after = {r["relname"]: r["relfilenode"] for r in await conn.fetch(files)}
+        assert {name: after.get(name) for name in before} == before
         assert (
             await conn.fetchval("SELECT count(*) FROM tool_execution_events WHERE key LIKE 'run-0021:%'") == 6
         )
@@ -351,3 +360,92 @@ async def test_0021_moves_the_rules_to_domains_without_rewriting_and_its_rows_va
             )
     finally:
         await conn.close()
+
+
+# -- definitions: the functions and triggers the ledger decides with, one file each ----------------
+
+
+async def _definitions(dsn: str) -> dict[str, tuple[str, Any]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT name, sha256, applied_at FROM onceflow_definitions")
+    finally:
+        await conn.close()
+    return {r["name"]: (r["sha256"], r["applied_at"]) for r in rows}
+
+
+async def test_definitions_are_applied_again_only_when_their_text_changes(
+    empty_database: str, tmp_path: Path
+) -> None:
+    await migrate(empty_database)
+    first = await _definitions(empty_database)
+    assert set(first) == {d.name for d in discover_definitions()}
+    await migrate(empty_database)
+    assert await _definitions(empty_database) == first, "an unchanged definition was applied again"
+
+    changed = tmp_path / "definitions"
+    shutil.copytree(DEFINITIONS_DIR, changed)
+    path = changed / "guarded_reserve.sql"
+    path.write_text(
+        path.read_text().replace("'the same call (%s) is still %s;", "'the same call (%s) is %s;")
+    )
+    await asyncio.gather(*(migrate(empty_database, definitions=changed) for _ in range(3)))
+    after = await _definitions(empty_database)
+    assert after["budget_totals"] == first["budget_totals"]
+    assert after["guarded_reserve"][0] != first["guarded_reserve"][0]
+    assert after["guarded_reserve"][1] > first["guarded_reserve"][1]
+    conn = await asyncpg.connect(empty_database)
+    try:
+        bodies = await conn.fetch(
+            "SELECT pg_get_functiondef(oid) AS body FROM pg_proc WHERE proname = 'onceflow_guarded_decide'"
+        )
+    finally:
+        await conn.close()
+    assert len(bodies) == 1, "one guarded decision, not one per signature it ever had"
+    assert "the same call (%s) is %s;" in bodies[0]["body"]
+
+
+def test_numbered_migrations_after_the_definitions_define_none_of_their_functions() -> None:
+    """The guarded reservation and the budget totals live in ledger/definitions/, one file each: a
+    numbered migration never copies one of their functions again (history before 0022 stays)."""
+    defined = set()
+    for definition in discover_definitions():
+        defined |= set(re.findall(r"CREATE OR REPLACE FUNCTION (\w+)\(", definition.path.read_text()))
+    assert {"onceflow_guarded_reserve", "onceflow_guarded_decide", "tool_executions_budget_totals"} <= defined
+    for migration in discover():
+        if migration.version < 22:
+            continue
+        created = set(re.findall(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(", migration.path.read_text()))
+        assert not created & defined, f"{migration.path.name} defines {sorted(created & defined)} again"
+
+
+async def test_a_ledger_with_calls_upgrades_in_place_to_the_definitions(
+    empty_database: str, tmp_path: Path
+) -> None:
+    """A ledger as 0021 left it, with calls of today's code (through the old signature), takes the
+    definitions on its next migrate; the same calls then decide by the current rules."""
+    assert await migrate_to_just_before(empty_database, "allowed_values_as_domains", tmp_path) == 20
+    assert await migrate(empty_database, definitions=None) == LATEST
+    ledger = await Ledger.connect(empty_database)
+    try:
+        reserved = await ledger.reserve(
+            CallIdentity(tenant="t", run_id="run-up", tool_call_id="c1"),
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments={"n": 1},
+            owner="worker",
+            guard=Guard(),
+        )
+        await ledger.complete(reserved.record.key, owner="worker", result={"n": 1})
+        assert await migrate(empty_database) == LATEST
+        twin = await ledger.reserve(
+            CallIdentity(tenant="t", run_id="run-up", tool_call_id="c2"),
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments={"n": 1},
+            owner="worker",
+            guard=Guard(),
+        )
+        assert twin.record.reused_from == reserved.record.key
+    finally:
+        await ledger.close()

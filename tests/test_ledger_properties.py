@@ -36,32 +36,39 @@ from onceflow.ledger import (
     CallIdentity,
     FailureKind,
     Guard,
+    Heard,
     Ledger,
+    LedgerUnavailableError,
     OutcomeIgnoredError,
     PayloadMismatchError,
+    Reservation,
     ReserveResult,
     SideEffect,
     Status,
     purge_settled,
 )
+from onceflow.ledger.run_ids import RunIdTakenError
 from onceflow.local.postgres import create_database, drop_database
+from onceflow.sdk.keys import call_key
 from tests.conftest import TEMPLATE
 from tests.support import ledger_invariants as inv
 from tests.support.ledger_operator_rules import OperatorRules
 from tests.support.ledger_scenarios import CompoundRules
 from tests.support.loop_thread import LoopThread
+from tests.support.pg_proxy import AnswerDroppingProxy
 
 LIMIT = inv.LIMIT
 GUARDED_TOOL, PLAIN_TOOL = inv.GUARDED_TOOL, "send_note"
-CALL_IDS = ("c0", "c1", "c2", "c3")
+CALL_IDS = ("c0", "c1", "c2", "c3", "c4", "c5")
 WORKERS = ("w1", "w2", "w3")
 SHORT, LONG = timedelta(milliseconds=1), timedelta(hours=1)
 
-# How a guarded call is reserved: the intent rule, what the model had heard, entity and budget.
+# How a guarded call is reserved: the intent rule, what the model had heard (a choice among what the
+# test told it of its run: bit i picks the i-th told call), entity and budget.
 GUARDS = st.fixed_dictionaries(
     {
         "intent": st.sampled_from(("hold", "hold", "reuse", "allow")),
-        "heard": st.frozensets(st.sampled_from(CALL_IDS), max_size=3),
+        "heard": st.integers(0, 63),
         "exclusive": st.booleans(),
         "budget": st.booleans(),
         "owner": st.sampled_from(WORKERS),
@@ -188,16 +195,23 @@ class LedgerMachine(CompoundRules, OperatorRules, RuleBasedStateMachine):
         amount: int,
         *,
         intent: str,
-        heard: frozenset[str],
+        heard: int | tuple[Heard, ...],
         exclusive: bool,
         budget: bool,
         owner: str,
         lease: timedelta,
         via: int,
+        execution: str | None = None,
+        unsent_owners: tuple[str, ...] = (),
+        ledger: Ledger | None = None,
     ) -> ReserveResult | None:
+        """Reserve a guarded call as a workflow would: with what the model was told of its run (a
+        mask over the test's own record, or the calls given), the run's first execution, and the
+        owners of attempts whose answer was lost. The test keeps how it was asked."""
+        told = self.heard_from(run_id, heard)
         guard = Guard(
             intent=intent,  # type: ignore[arg-type]
-            heard=heard,
+            heard=frozenset(told),
             entity=inv.ENTITY,
             exclusive=exclusive,
             amount=Decimal(amount) if budget else None,
@@ -207,7 +221,7 @@ class LedgerMachine(CompoundRules, OperatorRules, RuleBasedStateMachine):
         identity = CallIdentity(tenant="t1", run_id=run_id, tool_call_id=call)
         try:
             result = self.run(
-                self.pool(via).reserve(
+                (ledger or self.pool(via)).reserve(
                     identity,
                     tool_name=GUARDED_TOOL,
                     side_effect=SideEffect.EXTERNAL,
@@ -215,6 +229,8 @@ class LedgerMachine(CompoundRules, OperatorRules, RuleBasedStateMachine):
                     owner=owner,
                     lease=lease,
                     guard=guard,
+                    execution=execution or self.execution(run_id),
+                    unsent_owners=unsent_owners,
                 )
             )
         except PayloadMismatchError:
@@ -222,12 +238,114 @@ class LedgerMachine(CompoundRules, OperatorRules, RuleBasedStateMachine):
         key = result.record.key
         self.model.live.add(key)
         self.guarded_calls.setdefault(key, (run_id, call, amount))
+        twins = self.run(inv.twins_of(self.pools[0], result.record))
+        if result.outcome is Reservation.REUSED and key not in self.model.reused:
+            source = self.run(self.pools[0].find(result.record.reused_from or ""))
+            inv.check_reused(result.record, source, told, intent, twins, self.model)
         if result.may_send:
-            self.model.sent_with[key] = (intent, heard)
+            self.model.sent_with[key] = inv.Sent(intent=intent, heard=told, twins=twins)
             if budget:  # an admission: what the budget carries now is within the limit
                 carried = self.run(inv.budget_carried(self.pools[0], self.model))
                 assert carried <= LIMIT, f"admitting {key} drew the budget to {carried}"
         return result
+
+    def heard_from(self, run_id: str, heard: int | tuple[Heard, ...]) -> tuple[Heard, ...]:
+        if not isinstance(heard, int):
+            return heard
+        told = sorted(self.model.told.get(run_id, {}).values(), key=lambda h: h.tool_call_id)
+        return tuple(h for i, h in enumerate(told) if heard >> i & 1)
+
+    def execution(self, run_id: str) -> str:
+        """The run's first execution: every write of the run claims the run id for it."""
+        return f"{run_id}/e1"
+
+    # -- the model's conversation ------------------------------------------------------------------
+
+    @rule(index=st.integers(0, 50))
+    def model_is_told(self, index: int) -> None:
+        """The run puts a call's outcome in its conversation, as the workflow does once it is settled:
+        the test keeps what the model was told (status and settlement), as it was then."""
+        key = self.pick_guarded(index)
+        if key is None or key not in self.guarded_calls:
+            return
+        record = self.run(self.pools[0].find(key))
+        if record is not None and record.status.is_settled:
+            told = Heard(tool_call_id=record.tool_call_id, status=record.status, settled_at=record.settled_at)
+            self.model.told.setdefault(record.run_id, {})[record.tool_call_id] = told
+
+    @rule(run=st.sampled_from((0, 1)))
+    def reset_conversation(self, run: int) -> None:
+        """A Temporal reset to before the run's writes: the model no longer knows of them, and asks
+        again under new tool call ids (twin_guarded) or the same ones (retry_guarded)."""
+        self.model.told.pop(self.runs[run], None)
+
+    @rule(index=st.integers(0, 50))
+    def compensate_source_of_reused(self, index: int) -> None:
+        """An operator undoes the call a reused call was given (the call that took effect)."""
+        reused = sorted(k for k in self.model.live if k in self.model.reused)
+        if not reused:
+            return
+        source = self.model.reused[reused[index % len(reused)]]
+        if source in self.model.live:
+            self.run(
+                inv.attempt(self.pools[2].mark_compensated(source, actor="operator:alice", reason="undo"))
+            )
+
+    @rule(index=st.integers(0, 50), call=st.sampled_from(CALL_IDS), how=GUARDS)
+    def lost_reply_after_commit(self, index: int, call: str, how: dict[str, Any]) -> None:
+        """A reservation commits and its answer is lost on the wire (the connection drops): the next
+        attempt knows the lost one's owner token and reserves again. The lost attempt sent nothing;
+        the call is handed out at most once, and never left in flight for the lost attempt."""
+        run_id = self.runs[index % len(self.runs)]
+        lost_owner = f"{how['owner']}-lost"
+        self.run(self._reserve_losing_the_answer(run_id, call, how, lost_owner))
+        result = self.guarded(
+            run_id, call, 1, **{**how, "owner": how["owner"], "unsent_owners": (lost_owner,)}
+        )
+        if result is not None:
+            record = result.record
+            assert not (record.status is Status.STARTED and record.owner == lost_owner), (
+                f"{record.key} is left in flight for an attempt whose answer was lost"
+            )
+
+    async def _reserve_losing_the_answer(
+        self, run_id: str, call: str, how: dict[str, Any], owner: str
+    ) -> None:
+        async with AnswerDroppingProxy(self.dsn, marker=b"onceflow_guarded_reserve", times=1) as proxy:
+            through = await Ledger.connect(proxy.dsn, max_size=1)
+            try:
+                guard = Guard(intent=how["intent"], entity=inv.ENTITY, toolset=inv.TOOLSET)
+                await through.reserve(
+                    CallIdentity(tenant="t1", run_id=run_id, tool_call_id=call),
+                    tool_name=GUARDED_TOOL,
+                    side_effect=SideEffect.EXTERNAL,
+                    arguments={"account": inv.ENTITY, "amount": 1},
+                    owner=owner,
+                    lease=how["lease"],
+                    guard=guard,
+                    execution=self.execution(run_id),
+                )
+            except (LedgerUnavailableError, PayloadMismatchError):
+                pass  # the answer was lost (or the key holds another amount: nothing written)
+            finally:
+                await through.close()
+        found = await self.pools[0].find(call_key(run_id, call))
+        if found is not None:
+            self.model.live.add(found.key)
+            self.guarded_calls.setdefault(found.key, (run_id, call, 1))
+
+    @rule(index=st.integers(0, 50), call=st.sampled_from(CALL_IDS), how=GUARDS)
+    def second_execution(self, index: int, call: str, how: dict[str, Any]) -> None:
+        """A second execution under a run id the first claimed (a workflow id reused once the first
+        closed): its writes are refused and nothing is reserved; it never shares keys or intents."""
+        run_id = self.runs[index % len(self.runs)]
+        if not any(self.guarded_calls[k][0] == run_id for k in self.model.live if k in self.guarded_calls):
+            return  # the run has not claimed its id yet
+        key = call_key(run_id, call)
+        before = self.run(self.pools[0].find(key))
+        with pytest.raises(RunIdTakenError):
+            self.guarded(run_id, call, 1, **{**how, "heard": 0}, execution=f"{run_id}/e2")
+        assert self.run(self.pools[0].find(key)) == before, f"a second execution changed {key}"
 
     # -- outcomes --------------------------------------------------------------------------------
 

@@ -207,6 +207,7 @@ async def test_reserve_statement_updates_only_failed_rows(database_url: str) -> 
                 payload.sha256,
                 "worker-2",
                 None,
+                None,  # no deadline
             )
 
             after = await conn.fetchrow(queries.SELECT_RECORD, key)

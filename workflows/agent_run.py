@@ -24,7 +24,8 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from onceflow.activities.model import ModelActivities
     from onceflow.activities.tools import ToolActivities
-    from onceflow.ledger.status import SETTLED, SideEffect
+    from onceflow.ledger.guards import Heard
+    from onceflow.ledger.status import SideEffect
     from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
         AGENT,
@@ -150,10 +151,11 @@ class AgentRunWorkflow(WriteCallHandlers):
         if spec.instructions:
             messages.append(Message(role="system", content=spec.instructions))
         messages.append(Message(role="user", content=run_input.input))
-        # Per tool: the write calls whose settled outcome is in the conversation so far. Rebuilt by
-        # replay from this run's own history, so after a reset a call of the discarded branch is not
-        # in it: the model never heard of it.
-        told: dict[str, list[str]] = {}
+        # Per tool: the write calls whose settled outcome is in the conversation so far, with what
+        # the model was told of each (status and settlement). Rebuilt by replay from this run's own
+        # history, so after a reset a call of the discarded branch is not in it: the model never
+        # heard of it.
+        told: dict[str, list[Heard]] = {}
         for turn in range(1, run_input.max_turns + 1):
             self._turns = turn
             heard = {tool: list(ids) for tool, ids in told.items()}  # what this request carries
@@ -197,8 +199,9 @@ class AgentRunWorkflow(WriteCallHandlers):
                         content=json.dumps(outcome.for_model(), sort_keys=True),
                     )
                 )
-                if self._intent_heard and outcome.key is not None and outcome.status in SETTLED:
-                    told.setdefault(call.name, []).append(call.id)
+                heard_now = outcome.heard() if self._intent_heard else None
+                if heard_now is not None:
+                    told.setdefault(call.name, []).append(heard_now)
         raise ApplicationError(
             f"no final answer after {run_input.max_turns} model turns",
             type="TooManyTurns",
@@ -206,7 +209,7 @@ class AgentRunWorkflow(WriteCallHandlers):
         )
 
     async def _call_tool(
-        self, run_input: AgentRunInput, spec: AgentSpec, call: ToolCall, heard: list[str]
+        self, run_input: AgentRunInput, spec: AgentSpec, call: ToolCall, heard: list[Heard]
     ) -> ToolOutcome:
         tool = spec.tools.get(call.name)
         info = workflow.info()

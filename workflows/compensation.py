@@ -40,8 +40,13 @@ with workflow.unsafe.imports_passed_through():
         ToolOutcome,
     )
 
+from onceflow.workflows.write_state import wait_until
+
 # The compensation activity lost before it reserved anything is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
+# An unknown compensation re-reads the ledger on a timer (the agent's recheck_interval), not only when
+# nudged. Runs started before it replay without the timer.
+PATCH_COMPENSATION_RECHECK = "compensation-recheck"
 
 
 def compensation_workflow_id(key: str) -> str:
@@ -52,6 +57,7 @@ def compensation_workflow_id(key: str) -> str:
 class CompensationWorkflow:
     def __init__(self) -> None:
         self._nudged = False
+        self._recheck = False
 
     @workflow.signal
     def resolve(self, signal: ResolveSignal) -> None:
@@ -60,6 +66,7 @@ class CompensationWorkflow:
 
     @workflow.run
     async def run(self, request: CompensationInput) -> CompensationResult:
+        self._recheck = workflow.patched(PATCH_COMPENSATION_RECHECK)
         workflow.upsert_search_attributes(
             [PHASE.value_set(Phase.RUNNING.value), TENANT.value_set(request.tenant)]
         )
@@ -132,7 +139,12 @@ class CompensationWorkflow:
             f"The compensation {plan.compensation_key} is {outcome.status}: an operator must find out "
             "whether it took effect and resolve it."
         )
-        await workflow.wait_condition(lambda: self._nudged)
+        if self._recheck:
+            # Re-read on a timer too: a lost nudge, or the owner's late answer, must not leave the
+            # compensation settled in the ledger and the original never marked compensated.
+            await wait_until(lambda: self._nudged, plan.recheck_interval_seconds)
+        else:
+            await workflow.wait_condition(lambda: self._nudged)
         self._nudged = False
         ref = CallRef(key=plan.compensation_key, tool=plan.hook, tool_call_id=plan.compensation_key)
         found: ToolOutcome | None = await workflow.execute_activity_method(

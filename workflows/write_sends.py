@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         ERR_PAYLOAD_MISMATCH,
         ERR_RUN_ID_TAKEN,
         ERR_TENANT_MISMATCH,
+        INSPECT_AFTER_LEASE,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
         RESERVE_BACKOFF_INITIAL,
@@ -56,6 +57,18 @@ from onceflow.workflows.write_state import WriteCallState
 
 # A write activity that failed in an unexpected way before reserving is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
+# Owner tokens of attempts that may have reserved while their answer was lost, kept for the next one.
+_UNSENT_OWNERS_KEPT = 64
+
+
+def _with_unsent_owner(tool_input: ToolCallInput, cause: BaseException | None) -> ToolCallInput:
+    """The next attempt's input, naming the failed attempt's owner token (from the error's details)."""
+    details = cause.details if isinstance(cause, ApplicationError) else ()
+    owner = details[0].get("owner") if details and isinstance(details[0], dict) else None
+    if not isinstance(owner, str):
+        return tool_input
+    owners = [*tool_input.unsent_owners, owner][-_UNSENT_OWNERS_KEPT:]
+    return tool_input.model_copy(update={"unsent_owners": owners})
 
 
 class WriteSends(WriteCallState):
@@ -86,11 +99,12 @@ class WriteSends(WriteCallState):
         """Run the write activity; if it was lost, let the ledger say what happened."""
         backoff = RESERVE_BACKOFF_INITIAL
         unexpected = 0
+        attempt_input = tool_input
         while True:
             try:
                 return await workflow.execute_activity_method(
                     ToolActivities.run_write_tool,
-                    tool_input,
+                    attempt_input,
                     start_to_close_timeout=timedelta(seconds=tool.timeout_seconds) + ACTIVITY_MARGIN,
                     retry_policy=WRITE_ONCE,
                     summary=f"{ref.tool} {ref.key}",
@@ -100,7 +114,10 @@ class WriteSends(WriteCallState):
                 kind = cause.type if isinstance(cause, ApplicationError) else None
                 if kind in (ERR_LEDGER_UNAVAILABLE, ERR_BUDGET_LIMIT_UNAVAILABLE):
                     # Nothing was sent. Retry the reservation, never the tool; a recorded call whose
-                    # budget limit could not be read stays as the ledger has it meanwhile.
+                    # budget limit could not be read stays as the ledger has it meanwhile. A
+                    # reservation that committed while its answer was lost is the attempt's own:
+                    # the next attempt knows it by its owner token.
+                    attempt_input = _with_unsent_owner(attempt_input, cause)
                     what = "ledger" if kind == ERR_LEDGER_UNAVAILABLE else "budget limit"
                     workflow.set_current_details(f"{what} unavailable; will reserve {ref.key} again")
                     await workflow.sleep(backoff)
@@ -132,6 +149,20 @@ class WriteSends(WriteCallState):
                         ) from err
 
     async def _inspect(self, ref: CallRef) -> ToolOutcome | None:
+        """What the ledger says of a call whose attempt was lost; a call still within its owner's
+        lease is waited for (its owner may be sending it) and asked about again once it ran out."""
+        while True:
+            found = await self._inspect_once(ref)
+            if found is None or found.status is not Status.STARTED or found.lease_expires_at is None:
+                return found
+            left = (found.lease_expires_at - workflow.now()).total_seconds()
+            workflow.set_current_details(
+                f"{ref.key} ({ref.tool}) may still be on the wire: its owner holds it until "
+                f"{found.lease_expires_at.isoformat()}; the ledger is asked again then"
+            )
+            await workflow.sleep(max(left, 0.0) + INSPECT_AFTER_LEASE.total_seconds())
+
+    async def _inspect_once(self, ref: CallRef) -> ToolOutcome | None:
         return await workflow.execute_activity_method(
             LedgerActivities.inspect_call,
             ref,

@@ -136,9 +136,11 @@ class WriteWaits(WriteSends):
         (The same intent means the same tool; nothing else of this run can hold it.)"""
         if key in self._adopted or key in self._calls_by_key():
             return
-        self._adopted.add(key)
         ref = CallRef(key=key, tool=tool.name, tool_call_id=key.rpartition(":")[2])
-        found = await self._inspect(ref)
+        found = await self._inspect_once(ref)
+        if found is not None and found.status is Status.STARTED:
+            return  # its owner's lease is live: it may be on the wire; asked again next round
+        self._adopted.add(key)
         if found is not None and found.status is Status.INDETERMINATE:
             await self._start_reconcile(spec, tool, ref)
 

@@ -3,12 +3,14 @@
 # Reserve is one atomic statement. A new key is inserted; a key whose last attempt failed (and so
 # did not take effect) is re-reserved with attempt + 1 under the same payload; anything else is left
 # untouched and RETURNING yields nothing, so the caller reads the row and decides by its status.
+# $13: the attempt's deadline (NULL: none); past it nothing is inserted or re-reserved.
 RESERVE = """
 WITH reserved AS (
     INSERT INTO tool_executions AS t
         (key, tenant, run_id, tool_call_id, agent, tool_name, side_effect, status,
          payload, payload_sha256, owner, lease_expires_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, clock_timestamp() + $12::interval)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, clock_timestamp() + $12::interval
+     WHERE $13::timestamptz IS NULL OR clock_timestamp() <= $13::timestamptz
     ON CONFLICT (key) DO UPDATE
         SET status = EXCLUDED.status,
             attempt = t.attempt + 1,
@@ -27,6 +29,7 @@ WITH reserved AS (
           -- A call that was ever in conflict is never sent again: open, its owner says it took
           -- effect; acknowledged, an operator set what the world is, for good.
           AND t.conflict_at IS NULL
+          AND ($13::timestamptz IS NULL OR clock_timestamp() <= $13::timestamptz)
     RETURNING t.*, (xmax = 0) AS inserted
 ), logged AS (
     INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, detail)
@@ -38,6 +41,9 @@ SELECT * FROM reserved
 """
 
 SELECT_RECORD = "SELECT * FROM tool_executions WHERE key = $1"
+
+# Is the database's clock past $1? (A plain reservation that found nothing to take.)
+PAST = "SELECT clock_timestamp() > $1::timestamptz"
 
 SELECT_RECORD_FOR_UPDATE = "SELECT * FROM tool_executions WHERE key = $1 FOR UPDATE"
 
@@ -97,9 +103,11 @@ UPDATE tool_executions
 RETURNING *
 """
 
+# $3: only once the owner's lease has run out (an inspector); false for the owner itself.
 SET_INDETERMINATE = """
 UPDATE tool_executions
    SET status = 'indeterminate', error = $2, updated_at = clock_timestamp()
- WHERE key = $1 AND (status = 'started') IS TRUE  -- by its key: see queries/__init__.py
+ WHERE key = $1  -- by its key, the rest IS TRUE: see queries/__init__.py
+   AND (status = 'started' AND (NOT $3 OR coalesce(lease_expires_at <= clock_timestamp(), true))) IS TRUE
 RETURNING *
 """

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from onceflow.mcp.config import McpServerConfig
 from onceflow.models import Model
 from onceflow.models.config import ModelConfig, resolve_model_wrapper
+from onceflow.runtime.constants import DEFAULT_RECHECK
 from onceflow.sdk.durations import PositiveDuration
 from onceflow.sdk.guard_sources import limit_source_problems
 from onceflow.sdk.payloads import AgentSpec, ToolPolicySpec, ToolSpec
@@ -52,7 +53,7 @@ class ToolPolicy(BaseModel):
     # How long a call of an `approval=True` tool waits for an operator; then it is denied.
     approval_deadline: PositiveDuration = timedelta(hours=24)
     # A paused call re-reads the ledger this often even when no signal comes (one may be lost).
-    recheck_interval: PositiveDuration = timedelta(minutes=5)
+    recheck_interval: PositiveDuration = DEFAULT_RECHECK
     # A tool result larger than this (as JSON) reaches the model as an error instead of the result,
     # and is not stored: one huge result must not swell every later turn and the run's history.
     max_result_bytes: int = Field(default=128 * 1024, ge=1024, le=2 * 1024 * 1024)

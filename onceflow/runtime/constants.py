@@ -55,7 +55,11 @@ RESERVE_BACKOFF_INITIAL = timedelta(milliseconds=500)
 RESERVE_BACKOFF_MAX = timedelta(seconds=30)
 
 # ApplicationError types the write activity raises; the workflow tells them apart by these.
-ERR_LEDGER_UNAVAILABLE = "LedgerUnavailable"  # before sending: safe to try the reservation again
+# Before sending: safe to try the reservation again. Its details carry the attempt's owner token: a
+# reservation that committed while its answer was lost is recognised by it and never sent unknown.
+ERR_LEDGER_UNAVAILABLE = "LedgerUnavailable"
+# The attempt reached the ledger after its own deadline: nothing reserved, nothing sent.
+ERR_ATTEMPT_EXPIRED = "AttemptExpired"
 # A recorded call (held, or failed and retryable) whose `limit_from` read failed: nothing was sent,
 # the row stands, and the workflow asks again as for ERR_LEDGER_UNAVAILABLE.
 ERR_BUDGET_LIMIT_UNAVAILABLE = "BudgetLimitUnavailable"
@@ -68,6 +72,13 @@ ERR_CALL_INDETERMINATE = "CallIndeterminate"
 ERR_NO_COMPENSATION = "NoCompensation"  # the tool declares no compensation hook
 ERR_COMPENSATION_NOT_REQUESTED = "CompensationNotRequested"  # no operator's request to serve
 ERR_NOT_A_READ = "NotARead"  # a read activity for a tool this worker classifies as changing the world
+
+# How often a paused call re-reads the ledger unasked, unless the agent's tool_policy says otherwise.
+DEFAULT_RECHECK = timedelta(minutes=5)
+
+# A lost attempt's call still within its owner's lease is asked about again this long after the
+# lease runs out (clocks differ a little between Temporal and the ledger's database).
+INSPECT_AFTER_LEASE = timedelta(seconds=1)
 
 # A held call asks the ledger again after this long, doubling up to the agent's recheck interval,
 # and whenever it is nudged (activities/held.py).

@@ -4,10 +4,15 @@ approval), reconciling and compensating it, and what a result may hold."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import field_validator
+
 from onceflow.ledger.canonical import uncarried
-from onceflow.ledger.status import FailureKind, Status
+from onceflow.ledger.guards import Heard
+from onceflow.ledger.status import SETTLED, FailureKind, Status
+from onceflow.runtime.constants import DEFAULT_RECHECK
 from onceflow.sdk.model_payloads import Frozen, ToolCall
 from onceflow.sdk.signal_payloads import ResolveSignal
 
@@ -19,13 +24,24 @@ class ToolCallInput(Frozen):
     tenant: str
     agent: str
     call: ToolCall
-    # The tool call ids of this run's calls of the same tool whose settled outcome was in the
-    # conversation the model was given for the turn that produced `call`: the intent guard's twins
-    # among them may be new effects, every other twin is the same intent (ledger/guards.py).
-    heard: list[str] = []
+    # This run's calls of the same tool whose settled outcome was in the conversation the model was
+    # given for the turn that produced `call`, each with what the model was told (status and the
+    # settlement it came from): the intent guard's twins among them may be new effects while their
+    # outcome stands as told, every other twin is the same intent (ledger/guards.py). Inputs
+    # recorded before outcomes were passed hold bare tool call ids.
+    heard: list[Heard] = []
     # The Temporal run id of the run's first execution; a write claims the run id with it. None in
     # inputs recorded before run ids were claimed (such a call claims nothing).
     first_execution_run_id: str | None = None
+    # The owner tokens of earlier attempts at this call whose reservation may have committed while
+    # the answer was lost (the ledger went away mid-statement): they sent nothing, so a reservation
+    # found `started` under one of them is released as not attempted and reserved again.
+    unsent_owners: list[str] = []
+
+    @field_validator("heard", mode="before")
+    @classmethod
+    def _heard(cls, value: Any) -> Any:
+        return [Heard(tool_call_id=v) if isinstance(v, str) else v for v in value]
 
 
 class ToolOutcome(Frozen):
@@ -44,6 +60,18 @@ class ToolOutcome(Frozen):
     # The tool call id of the same call whose recorded result this one was given (intent `reuse`).
     reused_from: str | None = None
     held_by: str | None = None  # held: the key of the call it waits for
+    # The settlement the outcome came from (the ledger row's settled_at): with the status, what the
+    # model is told of a settled call, and what it is held to when the intent guard asks.
+    settled_at: datetime | None = None
+    # Started: until when its owner holds it (it may be on the wire until then).
+    lease_expires_at: datetime | None = None
+
+    def heard(self) -> Heard | None:
+        """What the model hears of this write call when this outcome goes into the conversation:
+        a settled call's status and settlement; None for anything else (unknown, a read)."""
+        if self.key is None or not isinstance(self.status, Status) or self.status not in SETTLED:
+            return None
+        return Heard(tool_call_id=self.tool_call_id, status=self.status, settled_at=self.settled_at)
 
     def for_model(self) -> dict[str, Any]:
         """The truth, as the model is told it."""
@@ -179,6 +207,8 @@ class CompensationPlan(Frozen):
     compensation_key: str
     hook: str
     timeout_seconds: float
+    # How often an unknown compensation re-reads the ledger unasked (the agent's recheck_interval).
+    recheck_interval_seconds: float = DEFAULT_RECHECK.total_seconds()
 
 
 class CompensationResult(Frozen):

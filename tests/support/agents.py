@@ -103,7 +103,8 @@ def support_registry() -> AgentRegistry:
         credit_agent("credit-reconciled", "issue_credit", "pause"),
         credit_agent("credit-pause", "issue_credit_unreconciled", "pause"),
         credit_agent("credit-fail", "issue_credit_unreconciled", "fail"),
-        credit_agent("credit-undoable", "issue_credit_undoable", "fail"),
+        # Its compensation re-reads the ledger every second when unknown (test_write_path_runs.py).
+        credit_agent("credit-undoable", "issue_credit_undoable", "fail", recheck_interval="1s"),
         credit_agent("credit-approval", "issue_credit_approved", "pause"),
         credit_agent("credit-approval-short", "issue_credit_approved", "pause", approval_deadline="1s"),
         credit_agent(

@@ -198,3 +198,12 @@ async def issue_credit_reusing_reconciled(
 ) -> dict[str, Any]:
     """Credit an account; one intent per run, and a reconcile hook for a lost answer."""
     return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)
+
+
+@toolset.tool(external(timeout=timedelta(seconds=4)), reconcile=find_credit, guards=Guards(intent="reuse"))
+async def issue_credit_slow_reconciled(
+    account_id: str, amount_cents: int, context: ToolContext
+) -> dict[str, Any]:
+    """Credit an account; one intent per run, a reconcile hook, and a 4 s timeout: a call on the wire
+    stays inside its owner's lease for 9 s (tests/test_guarded_runs.py)."""
+    return await DOWNSTREAM.credit(account_id, amount_cents, context.idempotency_key)

@@ -57,6 +57,7 @@ async def harness(temporal_env: WorkflowEnvironment, ledger: Ledger) -> AsyncIte
     DOWNSTREAM.reset()
     agents = [fresh_id_agent(f"fresh-{intent}", tool) for intent, tool in CREDIT_TOOLS.items()]
     agents.append(fresh_id_agent("fresh-reuse-reconciled", "issue_credit_reusing_reconciled"))
+    agents.append(fresh_id_agent("fresh-slow-reconciled", "issue_credit_slow_reconciled"))
     agents += [refund_agent("refund", "refund_order"), refund_agent("refund-strict", "refund_order_strict")]
     async with running_worker(temporal_env.client, ledger, AgentRegistry({a.name: a for a in agents})) as h:
         yield h

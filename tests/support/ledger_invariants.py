@@ -1,6 +1,12 @@
 """What must hold of the ledger after any step, checked against its own tables
-(tests/test_ledger_properties.py). The test keeps only what the ledger cannot know: which calls the
-model heard when a call was sent, and what purged calls had drawn on the budget."""
+(tests/test_ledger_properties.py).
+
+The test keeps its own record of what the ledger cannot be trusted to judge: what the model was told
+of each call (the conversation of each run, as the test itself told it, and forgot on a reset), what
+each sent call had heard and what its twins were when it was sent (read at that moment, not now),
+what each reused call was given, and what purged calls had drawn on the budget. "Heard" is judged
+from that record, never by a twin's status now: a twin heard as "failed" that an operator later
+found completed was not heard as completed."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import asyncpg
 from onceflow.ledger import (
     AlreadySettledError,
     EventSource,
+    Heard,
     InvalidTransitionError,
     Ledger,
     Status,
@@ -37,10 +44,35 @@ SENT = ("reserved", "dispatched")  # events that hand a call to an owner to send
 MAY_HAVE_APPLIED = {Status.STARTED, Status.INDETERMINATE, Status.COMPLETED, Status.COMPENSATED}
 
 
+@dataclass(frozen=True)
+class Twin:
+    """A call as a reservation found it: what the test read of it the moment that reservation returned."""
+
+    tool_call_id: str
+    status: Status
+    settled_at: datetime | None
+    open_conflict: bool
+    reused_from: str | None
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A call handed out to be sent: its intent rule, what the model had heard when it asked for it
+    (as the test told it), and its twins as they were when it was sent."""
+
+    intent: str
+    heard: tuple[Heard, ...]
+    twins: dict[str, Twin]
+
+
 @dataclass
 class Model:
     live: set[str] = field(default_factory=set)  # keys reserved and not purged
-    sent_with: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)  # key: (intent, heard)
+    # Per run, the model's conversation: what it was told of each call, as told (status and
+    # settlement at that moment). A reset empties it: the model no longer knows of those calls.
+    told: dict[str, dict[str, Heard]] = field(default_factory=dict)
+    sent_with: dict[str, Sent] = field(default_factory=dict)  # key: how its latest send was asked
+    reused: dict[str, str] = field(default_factory=dict)  # reused key: the call whose effect it was given
     purged_usage: Decimal = Decimal(0)  # what purged completed calls had drawn on the budget
     events: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # every event seen, as first seen
 
@@ -101,6 +133,27 @@ async def owners(ledger: Ledger, key: str) -> list[str]:
             list(SENT),
         )
     return [owner] + [r["actor"] for r in past if r["actor"] != owner]
+
+
+async def twins_of(ledger: Ledger, record: Any) -> dict[str, Twin]:
+    """The other calls of the record's run with its payload, as they are the moment it returned."""
+    async with ledger.connection("test_twins") as conn:
+        rows = await conn.fetch(
+            "SELECT * FROM tool_executions WHERE run_id = $1 AND payload_sha256 = $2 AND key <> $3",
+            record.run_id,
+            record.payload_sha256,
+            record.key,
+        )
+    return {
+        r["key"]: Twin(
+            tool_call_id=r["tool_call_id"],
+            status=Status(r["status"]),
+            settled_at=r["settled_at"],
+            open_conflict=r["conflict_at"] is not None and r["conflict_cleared_at"] is None,
+            reused_from=r["reused_from"],
+        )
+        for r in rows
+    }
 
 
 async def snapshot(ledger: Ledger) -> dict[str, dict[str, Any]]:
@@ -187,6 +240,7 @@ async def check(ledger: Ledger, model: Model) -> None:
         _never_resent_after_a_conflict(row, by_key[key])
         _blocker_marked(row, rows)
     _intent_rule(rows, by_key, model)
+    _reused_rows(rows)
     conflicted = sum(
         (r["amount"] for r in rows.values() if _draws(r) and r["conflict_at"] is not None), Decimal(0)
     )
@@ -318,12 +372,13 @@ def _intent_rule(
     rows: dict[str, dict[str, Any]], by_key: dict[str, list[dict[str, Any]]], model: Model
 ) -> None:
     """No intent (run, tool, canonical payload) has more possible effects than the rule allows: of two
-    calls that may have applied, the one sent later was sent with `allow`, or the model had heard the
-    other's settled outcome (hold), or the other was known not applied when it was sent."""
+    calls that may have applied, the one sent later was sent with `allow`, or, under `hold`, the
+    model had heard the other's outcome as it still stood when the later one was sent (from the
+    test's own record of what it told the model), or the other was known not applied then."""
     effects: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows.values():
         if row["tool_name"] != GUARDED_TOOL or row["reused_from"] is not None:
-            continue
+            continue  # a reused row is no effect: it points to one
         now = Status(row["status"])
         open_conflict = row["conflict_at"] is not None and row["conflict_cleared_at"] is None
         if now in MAY_HAVE_APPLIED or (now is Status.FAILED and open_conflict):
@@ -335,18 +390,111 @@ def _intent_rule(
                 if one_sent is None or other_sent is None:
                     continue  # not sent by a reservation at all (cannot be: a twin is always sent by one)
                 later, earlier = (one, other) if one_sent > other_sent else (other, one)
-                status, conflict = _state_at(by_key[earlier["key"]], max(one_sent, other_sent))
+                sent = model.sent_with.get(later["key"])
+                seen = sent.twins.get(earlier["key"]) if sent is not None else None
+                if seen is None:  # sent by a path that kept no record (plain): the events say
+                    status, conflict = _state_at(by_key[earlier["key"]], max(one_sent, other_sent))
+                else:
+                    status, conflict = seen.status, seen.open_conflict
                 may_have_applied = status in MAY_HAVE_APPLIED or (status is Status.FAILED and conflict)
-                intent, heard = model.sent_with.get(later["key"], ("hold", frozenset()))
-                heard_it = (
-                    intent == "hold"
-                    and earlier["tool_call_id"] in heard
-                    and status in (Status.COMPLETED, Status.COMPENSATED)
+                if not may_have_applied:
+                    continue
+                assert sent is not None and (sent.intent == "allow" or _heard(sent, earlier["key"])), (
+                    f"two effects of one intent: {later['key']} was sent "
+                    f"({sent.intent if sent else '?'}, heard {_told(sent)}) while its twin {earlier['key']} "
+                    f"was {status}{' with an open conflict' if conflict else ''}"
+                    f"{f' (told {_told_of(sent, seen)})' if seen else ''}"
                 )
-                assert not may_have_applied or intent == "allow" or heard_it, (
-                    f"two effects of one intent: {later['key']} was sent ({intent}, heard {sorted(heard)}) "
-                    f"while its twin {earlier['key']} was {status}{' with an open conflict' if conflict else ''}"
-                )
+
+
+def _reused_rows(rows: dict[str, dict[str, Any]]) -> None:
+    """Every reused row points to the call that took effect, a call of its run with its payload,
+    never to another reused row."""
+    for key, row in rows.items():
+        source = rows.get(row["reused_from"]) if row["reused_from"] else None
+        if source is None:
+            continue  # not reused, or its source was purged
+        assert source["reused_from"] is None, f"{key} points to {source['key']}, itself a reused row"
+        assert (source["run_id"], source["payload_sha256"]) == (row["run_id"], row["payload_sha256"]), (
+            f"{key} points to {source['key']}, not a call of its run with its payload"
+        )
+
+
+def _stands(told: Heard, seen: Twin) -> bool:
+    """Was the call, when the reservation was made, still what the model had been told of it?"""
+    return (
+        not seen.open_conflict
+        and told.status is seen.status
+        and (told.settled_at is None or told.settled_at == seen.settled_at)
+    )
+
+
+def _heard(sent: Sent, key: str) -> bool:
+    """Under `hold`: had the model heard call `key`'s outcome as it stood when `sent` was sent, itself
+    or through a call it was told had been given `key`'s result?"""
+    if sent.intent != "hold":
+        return False
+    told = {h.tool_call_id: h for h in sent.heard}
+
+    def stands(seen: Twin | None) -> bool:
+        return seen is not None and seen.tool_call_id in told and _stands(told[seen.tool_call_id], seen)
+
+    source = sent.twins.get(key)
+    if stands(source):
+        return True
+    return (
+        source is not None
+        and source.status is Status.COMPLETED
+        and any(t.reused_from == key and stands(t) for t in sent.twins.values())
+    )
+
+
+def _told(sent: Sent | None) -> list[str]:
+    return [f"{h.tool_call_id}={h.status}" for h in sent.heard] if sent else []
+
+
+def _told_of(sent: Sent | None, seen: Twin) -> str:
+    told = [h for h in (sent.heard if sent else ()) if h.tool_call_id == seen.tool_call_id]
+    return f"{told[0].status} at {told[0].settled_at}" if told else "nothing"
+
+
+def check_reused(
+    record: Any, source: Any, heard: tuple[Heard, ...], intent: str, twins: dict[str, Twin], model: Model
+) -> None:
+    """A reservation answered "reused" (the model is told the call already took effect, with a
+    result): that effect is the one the answer points to, it stands (completed, not undone), it is
+    not itself a reused row, it is a call of the run with the same payload, the result is its
+    result, the model had not heard it as it stands, and it is given to a second re-issue only when
+    no other effect of the intent is left unclaimed (one-to-one pairing)."""
+    key = record.key
+    assert source is not None, f"{key} was reused from {record.reused_from}, which is not in the ledger"
+    assert source.reused_from is None, f"{key} was given {source.key}'s result, itself a reused row"
+    assert (source.run_id, source.payload_sha256) == (record.run_id, record.payload_sha256), (
+        f"{key} was given the result of {source.key}, not a call of its run with its payload"
+    )
+    assert source.status is Status.COMPLETED, (
+        f"{key} was told {source.key} took effect, but the ledger has it {source.status}"
+    )
+    assert record.result == source.result, f"{key} was given another result than {source.key}'s"
+    told = {h.tool_call_id: h for h in heard}
+    seen = twins.get(source.key)
+    if intent == "hold" and seen is not None and source.tool_call_id in told:
+        assert not _stands(told[source.tool_call_id], seen), (
+            f"{key} was given {source.key}'s result although the model had heard it"
+        )
+    already = {k for k, src in model.reused.items() if src == source.key and k != key and k in model.live}
+    if already:
+        claimed = set(model.reused.values())
+        unclaimed = [
+            k
+            for k, t in twins.items()
+            if t.status is Status.COMPLETED
+            and t.reused_from is None
+            and k not in claimed
+            and not (intent == "hold" and t.tool_call_id in told and _stands(told[t.tool_call_id], t))
+        ]
+        assert not unclaimed, f"{key} was given {source.key}'s result again while {unclaimed} stood unclaimed"
+    model.reused[key] = source.key
 
 
 async def _events(ledger: Ledger, key: str) -> list[dict[str, Any]]:

@@ -102,7 +102,7 @@ class OperatorRules:
         status=st.sampled_from((Status.COMPLETED, Status.FAILED, Status.COMPENSATED)),
         who=st.integers(0, 1),
     )
-    def acknowledge(self, index: int, status: Status, who: int) -> None:
+    def acknowledge_conflict(self, index: int, status: Status, who: int) -> None:
         key = self.pick_guarded(index)
         if key is None:
             return

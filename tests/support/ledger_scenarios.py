@@ -21,6 +21,7 @@ from onceflow.ledger import (
     CallIdentity,
     EventSource,
     FailureKind,
+    Heard,
     Ledger,
     ResendInFlightError,
     Reservation,
@@ -70,7 +71,7 @@ class CompoundRules:
         amount: int,
         *,
         intent: str,
-        heard: frozenset[str],
+        heard: int | tuple[Heard, ...],
         exclusive: bool,
         budget: bool,
         owner: str,
@@ -90,7 +91,7 @@ class CompoundRules:
         return f"s{self.scenarios}"
 
     def hold(
-        self, run_id: str, call: str, heard: frozenset[str] = frozenset(), budget: bool = False
+        self, run_id: str, call: str, heard: tuple[Heard, ...] = (), budget: bool = False
     ) -> ReserveResult | None:
         """A guarded call with `hold`, a long lease and no entity slot; budget 1 if `budget`."""
         return self.guarded(
@@ -140,7 +141,10 @@ class CompoundRules:
                 self.into_conflict(key, kind)
             elif state == "indeterminate":
                 self.run(self.pools[0].mark_indeterminate(key, actor="inspector", reason="activity lost"))
-            twin = self.hold(run_id, "c1", heard=frozenset({"c0"}) if heard else frozenset())
+            # What the model was told of c0, if it heard it (a conflict: "failed", as its owner said).
+            told = self.run(self.pools[0].get(key, with_events=False))
+            as_told = Heard(tool_call_id="c0", status=told.status, settled_at=told.settled_at)
+            twin = self.hold(run_id, "c1", heard=(as_told,) if heard and told.status.is_settled else ())
             assert twin is not None
             expected = twin_verdict(state, heard)
             assert twin.outcome is expected, (
@@ -157,6 +161,75 @@ class CompoundRules:
                 assert (released.status, released.failure_kind) == (Status.FAILED, FailureKind.RELEASED), (
                     f"released {twin.record.key} is {released.status} ({released.failure_kind})"
                 )
+
+    # -- what the model was told, and what became of it since ------------------------------------
+
+    def tell(self, key: str) -> Heard:
+        """Put a settled call's outcome in its run's conversation, as the workflow does."""
+        record = self.run(self.pools[0].get(key, with_events=False))
+        assert record.status.is_settled, f"{key} is not settled: nothing to tell"
+        told = Heard(tool_call_id=record.tool_call_id, status=record.status, settled_at=record.settled_at)
+        self.model.told.setdefault(record.run_id, {})[record.tool_call_id] = told
+        return told
+
+    @rule(status=st.sampled_from((Status.COMPLETED, Status.FAILED, Status.COMPENSATED)))
+    def conflict_acknowledged_after_the_model_heard(self, status: Status) -> None:
+        """c0 fails and the model is told so; a late report says it completed (a conflict); the model
+        asks again (c1, having heard "failed"): held. An operator acknowledges c0 as `status`; c1 is
+        asked again. Only if c0 still stands as the model heard it ("failed") may c1 be sent."""
+        run_id = self.scenario_run()
+        first = self.hold(run_id, "c0")
+        assert first is not None and first.may_send
+        key = first.record.key
+        self.run(self.pools[0].fail(key, owner="w1", kind=FailureKind.NOT_ATTEMPTED, error="503"))
+        heard = (self.tell(key),)
+        self.run(self.pools[1].record_late_outcome(key, actor="reconciler:hook", status=Status.COMPLETED))
+        held = self.hold(run_id, "c1", heard=heard)
+        assert held is not None and held.outcome is Reservation.HELD, (
+            f"{run_id}:c1 was {held and held.outcome}"
+        )
+        self.run(
+            self.pools[2].acknowledge_conflict(
+                key, actor="operator:bob", status=status, reason="looked at the other side", evidence=EVIDENCE
+            )
+        )
+        self.hold(run_id, "c1", heard=heard)  # woken: the invariants judge what it did
+
+    @rule(heard_the_reuse=st.booleans())
+    def reuse_after_the_effect_was_undone(self, heard_the_reuse: bool) -> None:
+        """c0 completes; c1 (the same answer, not heard) is given its result; an operator undoes c0.
+        c2 asks again, having heard nothing or only c1: it must not be told c0's effect stands."""
+        run_id = self.scenario_run()
+        first = self.hold(run_id, "c0")
+        assert first is not None and first.may_send
+        key = first.record.key
+        self.run(self.pools[0].complete(key, owner="w1", result={"id": key}))
+        reused = self.hold(run_id, "c1")
+        assert reused is not None and reused.outcome is Reservation.REUSED
+        heard = (self.tell(reused.record.key),) if heard_the_reuse else ()
+        self.run(self.pools[2].mark_compensated(key, actor="operator:alice", reason="undone"))
+        self.hold(run_id, "c2", heard=heard)  # check_reused and the invariants judge the answer
+
+    @rule(after=st.integers(1, 2), one_answer=st.booleans())
+    def reissues_after_a_reset(self, after: int, one_answer: bool) -> None:
+        """c0 completes, the model hears it, c1 (having heard c0) completes: two effects. A reset
+        empties the conversation; the model re-issues them, in one answer (none hears another) or one
+        after the other (each having heard those before it): each is given one effect, never one
+        twice while another stands unclaimed (check_reused)."""
+        run_id = self.scenario_run()
+        heard: tuple[Heard, ...] = ()
+        for call in ("c0", "c1"):
+            sent = self.hold(run_id, call, heard=heard)
+            assert sent is not None and sent.may_send, f"{run_id}:{call} was {sent and sent.outcome}"
+            self.run(self.pools[0].complete(sent.record.key, owner="w1", result={"id": call}))
+            heard = (*heard, self.tell(sent.record.key))
+        self.model.told.pop(run_id, None)  # the reset
+        heard = ()
+        for call in ("r0", "r1", "r2")[: after + 1]:
+            again = self.hold(run_id, call, heard=heard)
+            assert again is not None
+            if again.record.status.is_settled and not one_answer:
+                heard = (*heard, self.tell(again.record.key))
 
     # -- an acknowledged conflict is final ------------------------------------------------------
 

@@ -2,8 +2,10 @@
 
 It speaks just enough of the wire protocol to find message boundaries from the client. Once a
 client message contains `marker`, the statement it belongs to is let through (a simple `Query`
-at once, a prepared one at its `Execute`), and the server's next answer is thrown away and both
+at once, a prepared one up to the `Sync` after its `Execute`), and the server's next answer is
+thrown away and both
 connections are cut: the server has committed, the client cannot know. That is a lost commit.
+With `times`, only that many answers are lost; later connections pass everything through.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ def _upstream(dsn: str) -> tuple[str | None, str | None, int]:
 
 
 class AnswerDroppingProxy:
-    def __init__(self, dsn: str, *, marker: bytes) -> None:
+    def __init__(self, dsn: str, *, marker: bytes, times: int | None = None) -> None:
         self._dsn = dsn
         self._marker = marker
+        self._times = times
         self._socket_path, self._tcp_host, self._port = _upstream(dsn)
         self._dir = tempfile.TemporaryDirectory(prefix="pgproxy-")
         self._server: asyncio.Server | None = None
@@ -79,7 +82,8 @@ class AnswerDroppingProxy:
         fired = asyncio.Event()
 
         async def client_to_server() -> None:
-            armed = False
+            marked: set[bytes] = set()  # prepared statements whose text holds the marker
+            bound = executed = False  # a marked statement was bound, and executed
             # The startup packet has no type byte: a length, then the rest.
             (length,) = struct.unpack("!I", await client_r.readexactly(4))
             server_w.write(struct.pack("!I", length) + await client_r.readexactly(length - 4))
@@ -87,9 +91,19 @@ class AnswerDroppingProxy:
                 kind = await client_r.readexactly(1)
                 (length,) = struct.unpack("!I", await client_r.readexactly(4))
                 body = await client_r.readexactly(length - 4)
-                if self._marker in body:
-                    armed = True
-                if armed and (kind == b"Q" or kind == b"E") and not fired.is_set():
+                live = self._times is None or self.dropped < self._times
+                if kind == b"P":  # Parse: statement name, then its text
+                    name = body.split(b"\0", 1)[0]
+                    (marked.add if self._marker in body else marked.discard)(name)
+                elif kind == b"B":  # Bind: portal name, then the statement's
+                    bound = body.split(b"\0", 2)[1] in marked
+                elif kind == b"E":
+                    executed = bound
+                # A simple Query commits as it runs; a prepared statement outside a transaction
+                # commits at the Sync after its Execute. (Other statements come between: asyncpg
+                # looks up types with statements of its own.)
+                simple = kind == b"Q" and self._marker in body
+                if live and (simple or (kind == b"S" and executed)) and not fired.is_set():
                     fired.set()
                 server_w.write(kind + struct.pack("!I", length) + body)
                 await server_w.drain()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from onceflow.ledger import Guard
+from onceflow.ledger import Guard, Heard
 from onceflow.sdk.tools.errors import InvalidToolArgumentsError
 
 _CURRENCY = re.compile(r"[A-Z][A-Z0-9]{1,11}")  # as ledger.guards checks it
@@ -108,11 +108,12 @@ def ledger_guard(
     *,
     replaces_key: str | None = None,
     limit: Decimal | None = None,
-    heard: Iterable[str] = (),
+    heard: Iterable[Heard | str] = (),
 ) -> Guard:
     """The guard the ledger checks for one call of `toolset`'s `tool`: the declaration, with this
-    call's values. `heard`: the run's tool call ids whose settled outcome the model had been given
-    when it asked for this call (the intent guard's only way to tell a new effect from a retry)."""
+    call's values. `heard`: the run's calls whose settled outcome the model had been given when it
+    asked for this call, with what it was told (the intent guard's only way to tell a new effect
+    from a retry); a bare tool call id is judged by the call's status as it stands."""
     entity = None
     if declared.entity is not None:
         value = arguments.get(declared.entity)

@@ -20,7 +20,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from onceflow.ledger import Guard, SideEffect, ToolExecutionRecord
+from onceflow.ledger import Guard, Heard, SideEffect, ToolExecutionRecord
 from onceflow.sdk.tools.effects import Effect
 from onceflow.sdk.tools.errors import InvalidToolArgumentsError, ToolKeyNotFoundError
 from onceflow.sdk.tools.guards import REPLACES_ARGUMENT, Guards, ledger_guard, split_replaces
@@ -132,7 +132,7 @@ class Tool:
         *,
         replaces_key: str | None = None,
         limit: Decimal | None = None,
-        heard: Iterable[str] = (),
+        heard: Iterable[Heard | str] = (),
     ) -> Guard:
         """The guard the ledger checks for one call (see onceflow.sdk.tools.guards.ledger_guard)."""
         return ledger_guard(

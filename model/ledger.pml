@@ -91,25 +91,28 @@ inline expire(x) {
 }
 
 inline row(k) {
-    printf(" | st=%e fk=%e own=%d rf=%d hb=%d cf=%d\n", st[k], fk[k], own[k], rf[k], hb[k], cf[k])
+    printf(" | st=%e fk=%e own=%d rf=%d hb=%d cf=%d v=%d\n", st[k], fk[k], own[k], rf[k], hb[k], cf[k], ver[k])
 }
 
 inline settle_row(k, status, kind, by) {
     st[k] = status; fk[k] = kind; sby[k] = by; ver[k]++; leased[k] = 0; wake = 1
 }
 
-/* -- the guarded reservation (onceflow_guarded_decide, migration 0017, with issue 34's rules) --
- * Decides for call k, reserved by token tok with the heard list hs/hv (status and settlement told
- * to the model for each heard call, NONE where not heard) and the call's intent. Sets `out` (the
- * reservation's answer) and writes the row. Run inside the caller's atomic block. */
+/* -- the guarded reservation (onceflow_guarded_decide, ledger/definitions/guarded_reserve.sql) --
+ * Decides for call k, reserved by attempt tok with the heard list ahd[tok] (per call of the run,
+ * the status and settlement the model was told; NONE where not heard) and the call's intent. Sets
+ * `out` (the reservation's answer), d_act (what was decided; 255: the row answered for itself) and
+ * writes the row. Deterministic: run inside one d_step. */
 inline heard_now(j, res, tok) {
-    /* Is twin j a new effect to the model that asked? */
+    /* Does twin j's outcome stand as the model was told it (onceflow_heard_stands)? */
 #if HEARD_BY_STATUS_NOW
     /* 0017: its id is in the heard list and it is settled now, not failed with an open conflict. */
     res = (ahd[tok].s[j] != NONE && IS_SETTLED(st[j]) && !(st[j] == FAILED && cf[j]))
 #else
-    /* What the model was told still stands: the same status and settlement, no open conflict. */
-    res = (ahd[tok].s[j] != NONE && st[j] == ahd[tok].s[j] && ver[j] == ahd[tok].v[j] && !cf[j])
+    /* settled, no open conflict, the status and settlement told; a reused twin while the call it
+       reused still completed */
+    res = (ahd[tok].s[j] != NONE && IS_SETTLED(st[j]) && !cf[j] && st[j] == ahd[tok].s[j]
+           && ver[j] == ahd[tok].v[j] && (rf[j] == NOKEY || st[rf[j]] == COMPLETED))
 #endif
 }
 
@@ -137,7 +140,8 @@ inline decide(k, tok, intent) {
     if
     :: d_act == 255 -> skip
     :: else ->
-        /* which twins the model heard (bit j of d_heard) */
+        /* which twins the model heard (bit j of d_heard): heard as they stand, and the call a heard
+           reused twin was given (that effect is heard too) */
         d_heard = 0;
         if
         :: intent == I_HOLD ->
@@ -147,27 +151,20 @@ inline decide(k, tok, intent) {
                 if
                 :: TWIN(d_j, k) ->
                     heard_now(d_j, d_any, tok);
-                    if :: d_any -> d_heard = d_heard | (1 << d_j) :: else -> skip fi
+                    if
+                    :: d_any ->
+                        d_heard = d_heard | (1 << d_j);
+                        if
+                        :: !REUSE_FROM_REUSED && rf[d_j] != NOKEY -> d_heard = d_heard | (1 << rf[d_j])
+                        :: else -> skip
+                        fi
+                    :: else -> skip
+                    fi
                 :: else -> skip
                 fi;
                 d_j++
             :: else -> break
-            od;
-#if !REUSE_FROM_REUSED
-            /* a heard reused call makes its source heard, while that source still completed */
-            d_j = 0;
-            do
-            :: d_j < NK ->
-                if
-                :: TWIN(d_j, k) && (d_heard & (1 << d_j)) && rf[d_j] != NOKEY && st[rf[d_j]] == COMPLETED ->
-                    d_heard = d_heard | (1 << rf[d_j])
-                :: else -> skip
-                fi;
-                d_j++
-            :: else -> break
-            od;
-#endif
-            skip
+            od
         :: else -> skip
         fi;
         if

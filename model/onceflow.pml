@@ -40,6 +40,9 @@
 #ifndef TWINS
 #define TWINS 1           /* an answer may hold 1 + TWINS identical calls (TWINS <= 2) */
 #endif
+#ifndef PAYLOADS
+#define PAYLOADS 1        /* 2: a call may have other arguments (not a twin; the entity guard's case) */
+#endif
 /* The world around the run: */
 #ifndef RECEIVER
 #define RECEIVER R_NOKEY  /* R_NOKEY (every arrival is an effect), R_KEY (dedup), R_KIT (+ lookup, fence) */
@@ -90,10 +93,17 @@
 #ifndef STALE_OWNER_RESERVES
 #define STALE_OWNER_RESERVES 0  /* rule 6: an attempt reserves after its activity's deadline */
 #endif
-/* Found by this model (not in issue 34): settle accepts an indeterminate call whose owner's lease is
- * live (the owner's own timeout made it unknown while its request may still be on the wire). */
-#ifndef SETTLE_LIVE_LEASE
-#define SETTLE_LIVE_LEASE 0
+/* Found by this model, not fixed by issue 34 (1 = the code as it is on main; 0 = the fix proposed in
+ * docs/reliability.md, "The protocol, model checked"):
+ * UNKNOWN_LIVE_LEASE: the reconciler's hook and operators settle an indeterminate call whose owner's
+ *   lease is live (the owner's own timeout made it unknown while its request may be on the wire).
+ * INSPECT_FORGETS_UNSENT: after a lost reservation answer, a retry that is itself lost leaves the
+ *   workflow's inspection to make unknown a call the run knows was never sent. */
+#ifndef UNKNOWN_LIVE_LEASE
+#define UNKNOWN_LIVE_LEASE 0
+#endif
+#ifndef INSPECT_FORGETS_UNSENT
+#define INSPECT_FORGETS_UNSENT 0
 #endif
 #ifndef COMP_NUDGE_ONLY
 #define COMP_NUDGE_ONLY 0       /* rule 7: CompensationWorkflow waits for a nudge, no timer */

@@ -174,19 +174,24 @@ proctype Attempt(byte k; byte t; byte lost) {
     byte res;   /* the reservation's verdict for this attempt: 1 send, 2 answered, 3 refused */
 #if !LOST_REPLY_UNKNOWN
     /* The retry of an attempt whose reservation answer was lost knows that attempt's token (it
-       travels in the error): its reservation, still started under that token, was never sent, so
-       it is released as not attempted, and the call is reserved again. */
+       travels in the error, ToolCallInput.unsent_owners): its reservation, still started under that
+       token, was never sent, so it is released as not attempted (the owner's FAIL_STARTED), and the
+       call is reserved again (Ledger.reserve with unsent_owners). */
     if
     :: lost != 0 ->
         if
         :: CRASH
         :: d_step {
-            printf("@@ release_unsent k=%d lost=%d", k, lost);
             if
-            :: st[k] == STARTED && own[k] == lost -> settle_row(k, FAILED, NOT_ATTEMPTED, lost); out = O_OK
-            :: else -> out = O_IGNORED
-            fi;
-            printf(" -> %e", out); row(k)
+            :: !STALE_OWNER_RESERVES && dl[t] -> skip   /* past its deadline: the reserve below refuses */
+            :: else ->
+                if
+                :: st[k] == STARTED && own[k] == lost ->
+                    printf("@@ release_unsent k=%d lost=%d", k, lost);
+                    owner_outcome(k, lost, 0, NOT_ATTEMPTED); printf(" -> %e", out); row(k)
+                :: else -> skip
+                fi
+            fi
            }
         fi
     :: else -> skip
@@ -213,7 +218,14 @@ proctype Attempt(byte k; byte t; byte lost) {
                 if
                 :: out == O_NEW || out == O_RETRY -> res = 1
                 :: else -> answer(k, t); res = 2;
-                    if :: d_act == O_REUSED -> pairing(k, t) :: else -> skip fi
+                    if :: d_act == O_REUSED -> pairing(k, t) :: else -> skip fi;
+                    /* a reused call asked again after the call it was given was undone: the model is
+                       told that it was compensated (activities/tools.py _answered) */
+                    if
+                    :: !REUSE_FROM_REUSED && out == O_REUSED && st[rf[k]] == COMPENSATED ->
+                        ast[t] = COMPENSATED; aok[t] = 1
+                    :: else -> skip
+                    fi
                 fi
             fi
         };
@@ -344,8 +356,21 @@ inline send_once(k) {
             if :: !adead[t] && !dl[t] -> slows++ :: else -> skip fi;
             dl[t] = 1; printf("@@ deadline t=%d\n", t) };
             /* the activity timed out or its worker died: ask the ledger */
+#if !INSPECT_FORGETS_UNSENT
+            /* a reservation still started under an attempt whose answer was lost was never sent:
+               released as not attempted, and the call is run again (proposed; see the switch) */
+            d_step {
+                if
+                :: lost != 0 && st[k] == STARTED && own[k] == lost ->
+                    printf("@@ release_unsent k=%d lost=%d", k, lost);
+                    owner_outcome(k, lost, 0, NOT_ATTEMPTED); printf(" -> %e", out); row(k)
+                :: else -> skip
+                fi
+            };
+#endif
             if
-            :: st[k] == NONE -> skip   /* nothing reserved, nothing sent: run it again */
+            :: st[k] == NONE || (!INSPECT_FORGETS_UNSENT && lost != 0 && own[k] == lost && st[k] == FAILED && fk[k] == NOT_ATTEMPTED) ->
+                skip   /* nothing reserved (or nothing sent): run it again */
             :: else -> inspect(k); break
             fi
         fi
@@ -448,7 +473,12 @@ inline next_key(k) {
        that repeats its ids) or a new one */
     if
     :: same && pos < nk -> k = pos
-    :: else -> k = nk; nk++
+    :: else ->
+        k = nk; nk++;
+        if   /* its arguments: the same as every other call, or (PAYLOADS 2) other ones */
+        :: PAYLOADS > 1 -> pay[k] = 1
+        :: true -> pay[k] = 0
+        fi
     fi;
     pos++
 }

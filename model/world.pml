@@ -55,8 +55,8 @@ inline applied(k, t) {
 /* -- operators: settle (from the receiver's records), acknowledge a conflict, approve, deny,
  *    release, ask for a compensation, settle a compensation ------------------------------------ */
 /* Operators settle an unknown call: indeterminate, or started with its lease run out; and (unless
- * SETTLE_LIVE_LEASE) only once its lease has run out, as the reconciler does. */
-#define SETTLEABLE(x) ((st[x] == INDET || st[x] == STARTED) && (SETTLE_LIVE_LEASE && st[x] == INDET || LEASE_OVER(x)))
+ * UNKNOWN_LIVE_LEASE) only once its lease has run out, as the reconciler does. */
+#define SETTLEABLE(x) ((st[x] == INDET || st[x] == STARTED) && (UNKNOWN_LIVE_LEASE && st[x] == INDET || LEASE_OVER(x)))
 #define OP_SETTLE(x) d_step { ops < OPS && SETTLEABLE(x) -> ops++; expire(x); \
     printf("@@ settle k=%d by=operator completed=%d", x, eff[x] > 0); settle(x, eff[x] > 0, BY_OPERATOR); \
     printf(" -> %e", out); row(x) }
@@ -84,9 +84,9 @@ inline applied(k, t) {
  *    key first), then settles; if someone settled first, its answer is a late outcome. Without
  *    mistakes the look and the settlement are one step (every honest decider then says the same
  *    once the lease has run out, so nothing can come between them that matters). ------------- */
-#define RECON_GUARD(x) HOOK && recon[x] && rv[x] == 0 && st[x] == INDET && (INSPECT_LIVE_LEASE || LEASE_OVER(x))
+#define RECON_GUARD(x) HOOK && recon[x] && rv[x] == 0 && st[x] == INDET && (INSPECT_LIVE_LEASE || UNKNOWN_LIVE_LEASE || LEASE_OVER(x))
 #define RECON_VERDICT(x) \
-    if :: !INSPECT_LIVE_LEASE -> expire(x) :: else -> skip fi; \
+    if :: !INSPECT_LIVE_LEASE && !UNKNOWN_LIVE_LEASE -> expire(x) :: else -> skip fi; \
     if :: RECEIVER == R_KIT && !seen[x] -> fenced[x] = 1 :: else -> skip fi; \
     if :: seen[x] || eff[x] > 0 -> rv[x] = 1 :: else -> rv[x] = 2 fi
 #define RECON_SETTLE(x) d_step { rv[x] != 0 -> \

@@ -55,7 +55,7 @@ DIVERGES_AT: dict[str, str | None] = {
     "REUSE_FROM_REUSED": "reserve",
     "REUSE_NEWEST": "reserve",
     "LOST_REPLY_UNKNOWN": None,
-    "INSPECT_LIVE_LEASE": None,
+    "INSPECT_LIVE_LEASE": "inspect",
     "STALE_OWNER_RESERVES": "reserve",
     "COMP_NUDGE_ONLY": None,
     "UNKNOWN_LIVE_LEASE": None,
@@ -72,9 +72,7 @@ def test_the_fixed_rules_hold_in_every_state_within_small_bounds(check: Check, t
     build = Build(tmp_path, check.defines, memory_mb=check.memory_mb)
     verdict = build.verify()
     assert verdict.complete, f"the search stopped short ({check.name}):\n{verdict.output[-2000:]}"
-    assert verdict.errors == 0, (
-        f"{check.name}: {verdict.violated}\n" + "\n".join(build.trail())
-    )
+    assert verdict.errors == 0, f"{check.name}: {verdict.violated}\n" + "\n".join(build.trail())
     assert verdict.states > 100_000, f"{check.name} explored only {verdict.states} states"
 
 
@@ -111,7 +109,9 @@ async def test_random_runs_of_the_model_are_answered_alike_by_the_ledger(
     check: Check, seed: int, tmp_path: Path, ledger: Ledger, database_url: str
 ) -> None:
     lines = Build(tmp_path, check.defines).simulate(seed)
-    assert any(line.startswith("@@ end") for line in lines), "the run did not reach its end:\n" + "\n".join(lines)
+    assert any(line.startswith("@@ end") for line in lines), "the run did not reach its end:\n" + "\n".join(
+        lines
+    )
     assert not any(line.startswith("!!") for line in lines), "\n".join(lines)
     steps = await Replay(ledger, database_url, f"walk{seed}", check.defines).run(lines)
     assert steps > 0
@@ -131,10 +131,8 @@ def _model_actions() -> set[str]:
 
 def _mapped() -> dict[str, list[str]]:
     text = (Path(__file__).resolve().parent.parent / "docs" / "reliability.md").read_text()
-    section = text.split("### The model's actions and the property test's rules", 1)[1].split("\n## ", 1)[0]
-    return {
-        action: re.findall(r"`([a-z_]+)`", rules) for action, rules in _TABLE_ROW.findall(section)
-    }
+    section = text.split("### The model's actions and the property test's rules", 1)[1].split("\n### ", 1)[0]
+    return {action: re.findall(r"`([a-z_]+)`", rules) for action, rules in _TABLE_ROW.findall(section)}
 
 
 def test_every_action_of_the_model_has_its_rule_in_the_property_test() -> None:

@@ -16,6 +16,7 @@ the property test ages rows: no API sets a time.
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -25,19 +26,23 @@ from typing import Any
 import asyncpg
 
 from onceflow.ledger import (
-    AttemptExpiredError,
     CallIdentity,
     EventSource,
     FailureKind,
     Guard,
     InvalidTransitionError,
     Ledger,
+    LedgerError,
     OutcomeIgnoredError,
     Reservation,
     SideEffect,
     Status,
+    guards,
 )
-from onceflow.ledger.guards import Heard
+
+# The ledger before issue 34 (heard as bare tool call ids, no attempt deadline, an inspector that
+# ignores the lease) is replayed too, to hold the old rules' traces to the code that had them.
+BEFORE_ISSUE_34 = "not_after" not in inspect.signature(Ledger.reserve).parameters
 
 TENANT = "t1"
 TOOL = "issue_credit"
@@ -198,19 +203,24 @@ class Replay:
     # -- the call path ---------------------------------------------------------------------------
 
     def _guard(self, step: Step) -> Guard:
-        heard = []
+        heard: list[Any] = []
         for name, value in step.args.items():
             if name.startswith("h") and name[1:].isdigit():
                 status, _, version = value.partition("/")
                 j = int(name[1:])
+                if BEFORE_ISSUE_34:
+                    heard.append(f"c{j}")
+                    continue
                 heard.append(
-                    Heard(
+                    guards.Heard(
                         tool_call_id=f"c{j}",
                         status=_STATUS[status],
                         settled_at=self.settled_at.get((j, int(version))),
                     )
                 )
-        intent = {"I_HOLD": "hold", "I_REUSE": "reuse", "I_ALLOW": "allow"}[str(self.knobs.get("INTENT", "I_HOLD"))]
+        intent = {"I_HOLD": "hold", "I_REUSE": "reuse", "I_ALLOW": "allow"}[
+            str(self.knobs.get("INTENT", "I_HOLD"))
+        ]
         exclusive = bool(self.knob("EXCLUSIVE", 0))
         limit = self.knob("LIMIT", 0)
         return Guard(
@@ -226,6 +236,9 @@ class Replay:
     async def _reserve(self, step: Step) -> str:
         late = step.args.get("late") == "1"
         now = await self._now()
+        deadline: dict[str, Any] = {}
+        if not BEFORE_ISSUE_34:
+            deadline["not_after"] = now - timedelta(seconds=1) if late else now + LEASE
         try:
             result = await self.ledger.reserve(
                 CallIdentity(tenant=TENANT, run_id=self.run_id, tool_call_id=f"c{step.key}", agent="model"),
@@ -236,10 +249,12 @@ class Replay:
                 approval=bool(self.knob("APPROVAL", 0)),
                 lease=LEASE,
                 guard=self._guard(step),
-                not_after=now - timedelta(seconds=1) if late else now + LEASE,
+                **deadline,
             )
-        except AttemptExpiredError:
-            return "O_DEADLINE"
+        except LedgerError as exc:
+            if type(exc).__name__ == "AttemptExpiredError":
+                return "O_DEADLINE"
+            raise
         return next(name for name, value in _OUTCOME.items() if value is result.outcome)
 
     async def _release_unsent(self, step: Step) -> str:
@@ -263,7 +278,10 @@ class Replay:
 
     async def _indeterminate(self, step: Step) -> str:
         await self.ledger.mark_indeterminate(
-            self.key(step.key), actor=f"w{step.args['by']}", reason="no answer in time", source=EventSource.OWNER
+            self.key(step.key),
+            actor=f"w{step.args['by']}",
+            reason="no answer in time",
+            source=EventSource.OWNER,
         )
         return "O_OK"
 
@@ -272,8 +290,9 @@ class Replay:
         key = self.key(step.key)
         record = await self.ledger.find(key)
         if record is not None and record.status is Status.STARTED:
+            lease: dict[str, Any] = {} if BEFORE_ISSUE_34 else {"lease_ended": True}
             await self.ledger.mark_indeterminate(
-                key, actor="inspector", reason="activity lost", source=EventSource.INSPECTOR, lease_ended=True
+                key, actor="inspector", reason="activity lost", source=EventSource.INSPECTOR, **lease
             )
         return "O_OK"
 

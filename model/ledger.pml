@@ -53,7 +53,6 @@ byte undone[NK];     /* compensations applied at the receiver */
 
 /* -- ghosts: what the properties need and nothing reads ------------------------------------- */
 bit mistaken[NK];    /* a decider (operator or hook) settled it against the receiver's truth */
-bit wake;            /* a row changed since the held call last asked */
 byte lic[NK];        /* licences: bit j set if, when this call was decided `proceed`, the model
                         knew twin j's outcome as it still stood (see protocol.pml, told[]) */
 
@@ -64,6 +63,7 @@ hidden mtype d_act, out;
 
 #define IS_SETTLED(s) ((s) == COMPLETED || (s) == FAILED || (s) == DENIED || (s) == COMPENSATED)
 #define UNRESOLVED_SENT(s) ((s) == AWAIT || (s) == STARTED || (s) == INDET)
+#define HOLDS(j) (UNRESOLVED_SENT(st[j]) || (st[j] == FAILED && cf[j]))
 #define FINAL_KIND(f) ((f) == POLICY || (f) == GUARD || (f) == RELEASED)
 #define TWIN(j, k) ((j) != (k) && seq[j] != 0 && pay[j] == pay[k])
 /* What a row draws on its budget (onceflow_budget_draws, migration 0019); every amount is 1. */
@@ -95,7 +95,7 @@ inline row(k) {
 }
 
 inline settle_row(k, status, kind, by) {
-    st[k] = status; fk[k] = kind; sby[k] = by; ver[k]++; leased[k] = 0; wake = 1
+    st[k] = status; fk[k] = kind; sby[k] = by; ver[k]++; leased[k] = 0
 }
 
 /* -- the guarded reservation (onceflow_guarded_decide, ledger/definitions/guarded_reserve.sql) --
@@ -123,7 +123,7 @@ inline decide(k, tok, intent) {
         /* any other row answers for itself */
         if
         :: st[k] == AWAIT && ap[k] ->
-            st[k] = STARTED; own[k] = tok; leased[k] = 1; tokkey[tok] = k; wake = 1; out = O_NEW
+            st[k] = STARTED; own[k] = tok; leased[k] = 1; tokkey[tok] = k; out = O_NEW
         :: else ->
             if
             :: st[k] == COMPLETED && rf[k] == NOKEY -> out = O_COMPLETED
@@ -322,9 +322,9 @@ inline decide(k, tok, intent) {
 #endif
                 skip
             :: d_act == O_REFUSED -> own[k] = tok; settle_row(k, FAILED, GUARD, BY_GUARD)
-            :: d_act == O_NEW && APPROVAL -> st[k] = AWAIT; own[k] = tok; tokkey[tok] = k; out = O_AWAIT; sby[k] = 0; wake = 1
+            :: d_act == O_NEW && APPROVAL -> st[k] = AWAIT; own[k] = tok; tokkey[tok] = k; out = O_AWAIT; sby[k] = 0
             :: d_act == O_NEW && !APPROVAL ->
-                st[k] = STARTED; own[k] = tok; leased[k] = 1; tokkey[tok] = k; sby[k] = 0; wake = 1
+                st[k] = STARTED; own[k] = tok; leased[k] = 1; tokkey[tok] = k; sby[k] = 0
             fi
         fi
     fi
@@ -358,7 +358,7 @@ inline owner_outcome(k, tok, completed, kind) {
             :: rf[k] == NOKEY && (own[k] == tok || tokkey[tok] == k) && CONTRADICTS(st[k], completed) ->
                 if
                 :: cf[k] && cfrep[k] == completed -> skip   /* the same report: nothing new */
-                :: else -> cf[k] = 1; cfever[k] = 1; cfrep[k] = completed; wake = 1
+                :: else -> cf[k] = 1; cfever[k] = 1; cfrep[k] = completed
                 fi
             :: else -> skip
             fi;
@@ -370,7 +370,7 @@ inline owner_outcome(k, tok, completed, kind) {
 /* started -> indeterminate (SET_INDETERMINATE); anything else is left as it is */
 inline mark_indeterminate(k) {
     if
-    :: st[k] == STARTED -> st[k] = INDET; wake = 1
+    :: st[k] == STARTED -> st[k] = INDET
     :: else -> skip
     fi
 }
@@ -394,14 +394,14 @@ inline settle(k, completed, by) {
 inline late_outcome(k, completed) {
     if
     :: rf[k] == NOKEY && CONTRADICTS(st[k], completed) && !(cf[k] && cfrep[k] == completed) ->
-        cf[k] = 1; cfever[k] = 1; cfrep[k] = completed; wake = 1
+        cf[k] = 1; cfever[k] = 1; cfrep[k] = completed
     :: else -> skip
     fi
 }
 
 /* ACKNOWLEDGE_CONFLICT: the operator says what the world is; the same status only closes it */
 inline acknowledge(k, status) {
-    cf[k] = 0; wake = 1;
+    cf[k] = 0;
     if
     :: st[k] != status ->
         if

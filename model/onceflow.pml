@@ -28,6 +28,9 @@
 #ifndef RESETS
 #define RESETS 0          /* Temporal resets of the run */
 #endif
+#ifndef RESET_AT_END
+#define RESET_AT_END 0    /* 1: the reset comes only once the run has given its final answer */
+#endif
 #ifndef MISTAKES
 #define MISTAKES 0        /* settlements against the receiver's truth (operator or hook) */
 #endif
@@ -39,6 +42,9 @@
 #endif
 #ifndef TWINS
 #define TWINS 1           /* an answer may hold 1 + TWINS identical calls (TWINS <= 2) */
+#endif
+#ifndef PARALLEL
+#define PARALLEL 0        /* 1: the calls of one answer run at once (a framework's parallel tool calls) */
 #endif
 #ifndef PAYLOADS
 #define PAYLOADS 1        /* 2: a call may have other arguments (not a twin; the entity guard's case) */

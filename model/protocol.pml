@@ -35,6 +35,7 @@ mtype ast[MAXATT + 1];    /* the answer's status */
 byte aver[MAXATT + 1];    /* its settlement */
 byte asrc[MAXATT + 1];    /* the effect a completed answer stands for */
 bit aok[MAXATT + 1];      /* the answer was true when the ledger gave it (see answer()) */
+bit apair[MAXATT + 1];    /* a reuse decision paired one to one (see pairing()) */
 bit dl[MAXATT + 1];       /* the activity's deadline passed: the workflow stopped waiting */
 byte rep[MAXATT + 1];     /* the receiver's reply to the attempt: 0 none, 1 ok, 2 rejected */
 byte sending[NK];         /* the token of a live attempt that reserved and has not sent yet */
@@ -64,7 +65,6 @@ byte nk;                  /* keys made (c0, c1, ...) */
 bit resetreq;
 byte resets;
 bit rundone;
-byte glost;               /* ghost: the token of a reservation the run knows was never sent */
 bit recon[NK];            /* a ReconcileWorkflow was started for the call */
 byte rv[NK];              /* the reconciler's lookup, before it settles: 0 none, 1 found, 2 absent */
 byte ops;
@@ -81,7 +81,7 @@ bit compwait[NK];         /* the compensation workflow waits for its call to be 
  * for no effect. Checked by the run when it tells the model (the answer may reach it later, when
  * the world has moved on: only what was true when the ledger answered is the ledger's doing). */
 inline answer(k, t) {
-    ast[t] = st[k]; aver[t] = ver[k]; asrc[t] = k; aok[t] = 1;
+    ast[t] = st[k]; aver[t] = ver[k]; asrc[t] = k; aok[t] = 1; apair[t] = 1;
     if
     :: st[k] == COMPLETED ->
         if :: rf[k] != NOKEY -> asrc[t] = rf[k] :: else -> skip fi;
@@ -103,7 +103,7 @@ inline pairing(k, t) {
         :: a_j < NK ->
             if
             :: (a_j != k && seq[a_j] != 0 && pay[a_j] == pay[k] && st[a_j] == COMPLETED && rf[a_j] == NOKEY
-               && !(convsrc & (1 << a_j))) -> aok[t] = 0
+               && !(convsrc & (1 << a_j))) -> apair[t] = 0
             :: else -> skip
             fi;
             a_j++
@@ -168,6 +168,52 @@ inline print_heard(t) {
 #define CRASH d_step { crashes < CRASHES -> crashes++; printf("@@ crash t=%d\n", t); \
     if :: sending[k] == t -> sending[k] = 0 :: else -> skip fi }; goto dead
 
+/* Each step below is one transition; where a worker can die, CRASH is the other option of it. */
+inline reserve_step() {
+    d_step {
+        if
+        :: !STALE_OWNER_RESERVES && dl[t] ->
+            /* past its activity's deadline: the reservation refuses (nothing written) */
+            printf("@@ reserve k=%d t=%d late=1", k, t); print_heard(t); printf(" -> %e", O_DEADLINE); row(k);
+            res = 3
+        :: else ->
+            decide(k, t, INTENT);
+            printf("@@ reserve k=%d t=%d late=%d", k, t, dl[t]); print_heard(t); printf(" -> %e", out); row(k);
+            if
+            :: d_act == O_NEW -> licence(k, t)
+            :: else -> skip
+            fi;
+            if
+            :: out == O_NEW || out == O_RETRY -> res = 1
+            :: else -> answer(k, t); res = 2;
+                if :: d_act == O_REUSED -> pairing(k, t) :: else -> skip fi;
+                /* a reused call asked again after the call it was given was undone: the model is
+                   told that it was compensated (activities/tools.py _answered) */
+                if
+                :: !REUSE_FROM_REUSED && out == O_REUSED && st[rf[k]] == COMPENSATED ->
+                    ast[t] = COMPENSATED; aok[t] = 1
+                :: else -> skip
+                fi
+            fi
+        fi
+    }
+}
+
+/* The owner writes down how its send ended (record_outcome): the ledger's answer is the answer. */
+inline record_step() {
+    d_step {
+        if
+        :: kind == FK0 && !completed ->
+            printf("@@ indeterminate k=%d by=%d", k, t); mark_indeterminate(k); out = O_OK
+        :: else ->
+            printf("@@ outcome k=%d t=%d completed=%d kind=%e", k, t, completed, kind);
+            owner_outcome(k, t, completed, kind)
+        fi;
+        printf(" -> %e", out); row(k);
+        answer(k, t)
+    }
+}
+
 proctype Attempt(byte k; byte t; byte lost) {
     bit completed;
     mtype kind;
@@ -199,36 +245,8 @@ proctype Attempt(byte k; byte t; byte lost) {
 #endif
     if
     :: CRASH
-    :: skip
-    fi;
-    atomic {
-        d_step {
-            if
-            :: !STALE_OWNER_RESERVES && dl[t] ->
-                /* past its activity's deadline: the reservation refuses (nothing written) */
-                printf("@@ reserve k=%d t=%d late=1", k, t); print_heard(t); printf(" -> %e", O_DEADLINE); row(k);
-                res = 3
-            :: else ->
-                decide(k, t, INTENT);
-                printf("@@ reserve k=%d t=%d late=%d", k, t, dl[t]); print_heard(t); printf(" -> %e", out); row(k);
-                if
-                :: d_act == O_NEW -> licence(k, t)
-                :: else -> skip
-                fi;
-                if
-                :: out == O_NEW || out == O_RETRY -> res = 1
-                :: else -> answer(k, t); res = 2;
-                    if :: d_act == O_REUSED -> pairing(k, t) :: else -> skip fi;
-                    /* a reused call asked again after the call it was given was undone: the model is
-                       told that it was compensated (activities/tools.py _answered) */
-                    if
-                    :: !REUSE_FROM_REUSED && out == O_REUSED && st[rf[k]] == COMPENSATED ->
-                        ast[t] = COMPENSATED; aok[t] = 1
-                    :: else -> skip
-                    fi
-                fi
-            fi
-        };
+    :: atomic {
+        reserve_step();
         if
         :: res != 1 -> goto dead
         :: res == 1 && st[k] == STARTED && lostreplies < LOSTREPLIES ->
@@ -236,41 +254,31 @@ proctype Attempt(byte k; byte t; byte lost) {
             lostreplies++; printf("@@ lost_reply t=%d\n", t); ares[t] = A_UNAVAILABLE; goto dead
         :: res == 1 -> sending[k] = t; res = 0
         fi
-    }
+       }
+    fi;
     /* between the reservation and the send */
     if
     :: CRASH
     :: atomic {
         sending[k] = 0;
         if
-        :: NOTATTEMPTED -> completed = 0; kind = NOT_ATTEMPTED; printf("@@ not_attempted k=%d t=%d\n", k, t); goto record
+        :: NOTATTEMPTED ->
+            /* the tool gives up before anything leaves */
+            printf("@@ not_attempted k=%d t=%d\n", k, t); completed = 0; kind = NOT_ATTEMPTED; record_step();
+            goto dead
         :: wt[0] == 0 -> wk[0] = k; wt[0] = t; wirek[k]++
         :: wt[0] != 0 && wt[1] == 0 -> wk[1] = k; wt[1] = t; wirek[k]++
         fi;
         printf("@@ send k=%d t=%d\n", k, t)
        }
     fi;
-    /* the answer, or the tool's own timeout (unknown) */
-    if
-    :: rep[t] == 1 -> completed = 1
-    :: rep[t] == 2 -> completed = 0; kind = REJECTED
-    :: d_step { rep[t] == 0 && (timeouts < TIMEOUTS || !(wt[0] == t || wt[1] == t)) ->
-        if :: wt[0] == t || wt[1] == t -> timeouts++ :: else -> skip fi; kind = FK0 }
-    fi;
-record:
+    /* the answer, or the tool's own timeout (unknown), and the owner writes it down */
     if
     :: CRASH
-    :: d_step {
-        if
-        :: kind == FK0 && !completed ->
-            printf("@@ indeterminate k=%d by=%d", k, t); mark_indeterminate(k); out = O_OK
-        :: else ->
-            printf("@@ outcome k=%d t=%d completed=%d kind=%e", k, t, completed, kind);
-            owner_outcome(k, t, completed, kind)
-        fi;
-        printf(" -> %e", out); row(k);
-        answer(k, t)
-       }
+    :: atomic { rep[t] == 1 -> completed = 1; record_step() }
+    :: atomic { rep[t] == 2 -> completed = 0; kind = REJECTED; record_step() }
+    :: atomic { rep[t] == 0 && (timeouts < TIMEOUTS || !(wt[0] == t || wt[1] == t)) ->
+        if :: wt[0] == t || wt[1] == t -> timeouts++ :: else -> skip fi; kind = FK0; record_step() }
     fi;
 dead:
     skip;
@@ -288,16 +296,18 @@ dead:
 
 /* -- the run ------------------------------------------------------------------------------- */
 hidden byte i;   /* scratch of the run's atomic steps */
-/* The answer the workflow holds for the call it is on */
-mtype cst; byte cver, csrc; bit cok;
+byte gen;        /* the run's execution: a reset starts another, and the old one's calls stop */
+byte running;    /* calls of this answer not yet told */
+bit runfailed;   /* the run failed (on_indeterminate: fail), or gave up */
+byte adopted;    /* calls of the run it adopted (made before a reset) */
 
 inline take(t) {
-    cst = ast[t]; cver = aver[t]; csrc = asrc[t]; cok = aok[t];
-    ast[t] = NONE; aver[t] = 0; asrc[t] = 0; aok[t] = 0
+    cst = ast[t]; cver = aver[t]; csrc = asrc[t]; cok = aok[t]; cpair = apair[t];
+    ast[t] = NONE; aver[t] = 0; asrc[t] = 0; aok[t] = 0; apair[t] = 0
 }
 
 inline read_row(k) {
-    cst = st[k]; cver = ver[k]; csrc = k; cok = 1;
+    cst = st[k]; cver = ver[k]; csrc = k; cok = 1; cpair = 1;
     if
     :: st[k] == COMPLETED && rf[k] != NOKEY -> csrc = rf[k]
     :: else -> skip
@@ -333,9 +343,8 @@ inline inspect(k) {
 inline send_once(k) {
     lost = 0; glost = 0;
     do
-    :: natt < MAXATT ->
-        atomic {
-            natt++; t = natt;
+    :: atomic {
+            natt < MAXATT -> natt++; t = natt;
             i = 0;
             do
             :: i < NK -> ahd[t].s[i] = ths[i]; ahd[t].v[i] = thv[i]; ahd[t].src[i] = thsrc[i]; i++
@@ -374,7 +383,7 @@ inline send_once(k) {
             :: else -> inspect(k); break
             fi
         fi
-    :: else -> gaveup = 1; break
+    :: atomic { natt >= MAXATT -> gaveup = 1 }; break
     od;
     t = 0; lost = 0
 }
@@ -404,9 +413,10 @@ inline write_call(k) {
     :: gaveup -> break
     :: !gaveup && cst == HELD ->
         adopt(k);
-        /* asked again when nudged, and on a timer: only a change can change the answer */
+        /* asked again when nudged, and on a timer: the answer changes once the call it is held
+           behind no longer holds it (settled, or its conflict closed), or an operator released it */
 end_held:
-        atomic { wake -> wake = 0 };
+        (st[k] != HELD || hb[k] == NOKEY || !HOLDS(hb[k]));
         send_once(k)
     :: !gaveup && cst == AWAIT ->
         if
@@ -436,11 +446,13 @@ end_paused:
 
 /* What the model is told; the model's record of it is what `heard` and the properties use. */
 inline tell(k) {
-    d_step {
+    {
         printf("@@ tell k=%d st=%e ver=%d src=%d\n", k, cst, cver, csrc);
         /* property: the model is never told an effect stands that the ledger says was undone or
            never happened, nor that an effect did not happen that the receiver applied */
         assert(cok);
+        /* property: a reuse decision pairs one to one (pairing()) */
+        assert(cpair);
         if
         :: IS_SETTLED(cst) -> told[k] = cst; toldv[k] = cver; tsrc[k] = csrc
         :: else -> skip
@@ -483,15 +495,42 @@ inline next_key(k) {
     pos++
 }
 
+/* One call of the model's answer, from its reservation to what the model is told (the calls of one
+ * answer run one after another, as AgentRunWorkflow runs them, or at once with PARALLEL, as a
+ * framework's parallel tool calls do). A reset stops it wherever it is: its execution is gone. */
+/* a finished call keeps nothing that tells two runs apart */
+#define CALL_DONE k = 0; g = 0; j = 0; t = 0; lost = 0; glost = 0; cst = 0; cver = 0; csrc = 0; cok = 0; \
+    cpair = 0; gaveup = 0; failedrun = 0
+
+proctype Call(byte k; byte g) {
+    byte j, t, lost;
+    byte glost;                    /* ghost: a token whose reservation the run knows was never sent */
+    mtype cst; byte cver, csrc;    /* the answer the workflow holds for the call */
+    bit cok, cpair, gaveup, failedrun;
+    {
+        write_call(k);
+        skip;
+        d_step {
+            if
+            :: gaveup || failedrun -> runfailed = 1
+            :: else -> tell(k)
+            fi;
+            running--;
+            CALL_DONE
+        }
+    } unless { gen != g };
+    d_step { CALL_DONE }
+}
+
 proctype Run() {
-    byte turn, n, m, j, k, t, lost, pos, adopted;
+    byte turn, n, m, k, pos;
     byte ks[3];   /* the calls of one answer */
-    bit same, gaveup, failedrun;
+    bit same;
 conv:
     {
         turn = 0; pos = 0;
         do
-        :: turn < TURNS && !failedrun && (nk < NK || (same && pos < nk)) ->
+        :: turn < TURNS && !runfailed && (nk < NK || (same && pos < nk)) ->
             /* the model answers with one call, or with up to 1 + TWINS identical ones; this turn's
                heard list is the settled outcomes the model was told so far */
             atomic {
@@ -516,31 +555,37 @@ conv:
             m = 0;
             do
             :: m < n ->
-                write_call(ks[m]);
-                if :: gaveup || failedrun -> goto over :: else -> tell(ks[m]) fi;
+                atomic { running++; run Call(ks[m], gen) };
+                if
+                :: !PARALLEL ->
+end_one:
+                    (running == 0)
+                :: else -> skip
+                fi;
                 m++
             :: else -> break
             od;
-            skip;
-            d_step { m = 0; n = 0; ks[0] = 0; ks[1] = 0; ks[2] = 0 }
+end_all:
+            (running == 0);
+            d_step { m = 0; n = 0; k = 0; ks[0] = 0; ks[1] = 0; ks[2] = 0 }
         :: turn > 0 -> break   /* the final answer */
         :: else -> break
         od;
-over:
         rundone = 1;
 end_over:
         (false)
     } unless { atomic { resetreq -> printf("@@ reset\n") } };
-    /* a Temporal reset to the run's start: the model forgets what it heard; what was sent stays */
+    /* a Temporal reset to the run's start: the model forgets what it heard; what was sent stays,
+       and the calls of the old execution stop where they are */
     atomic {
-        resetreq = 0; rundone = 0; failedrun = 0; gaveup = 0;
-        m = 0; n = 0; ks[0] = 0; ks[1] = 0; ks[2] = 0; j = 0; k = 0; t = 0; lost = 0;
+        gen++; running = 0; resetreq = 0; rundone = 0; runfailed = 0; adopted = 0;
+        m = 0; n = 0; k = 0; ks[0] = 0; ks[1] = 0; ks[2] = 0;
         i = 0;
         do
         :: i < NK -> told[i] = NONE; toldv[i] = 0; tsrc[i] = 0; toldfail[i] = 0; ths[i] = NONE; thv[i] = 0; thsrc[i] = 0; i++
         :: else -> break
         od;
-        convsrc = 0; inconv = 0; adopted = 0; glost = 0;
+        convsrc = 0; inconv = 0;
         if :: same = 1 :: same = 0 fi
     };
     goto conv

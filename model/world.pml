@@ -67,7 +67,7 @@ inline applied(k, t) {
     if :: eff[x] > 0 && undone[x] > 0 -> e_s = COMPENSATED :: eff[x] > 0 && undone[x] == 0 -> e_s = COMPLETED \
        :: else -> e_s = FAILED fi; \
     printf("@@ acknowledge k=%d status=%e", x, e_s); acknowledge(x, e_s); printf(" -> %e", O_OK); row(x) }
-#define OP_APPROVE(x) d_step { APPROVAL && ops < OPS && st[x] == AWAIT && !ap[x] -> ops++; ap[x] = 1; wake = 1; \
+#define OP_APPROVE(x) d_step { APPROVAL && ops < OPS && st[x] == AWAIT && !ap[x] -> ops++; ap[x] = 1; \
     printf("@@ approve k=%d -> %e", x, O_OK); row(x) }
 #define OP_DENY(x) d_step { APPROVAL && ops < OPS && st[x] == AWAIT && !ap[x] -> ops++; \
     settle_row(x, DENIED, KDENIED, BY_OPERATOR); printf("@@ deny k=%d by=operator -> %e", x, O_OK); row(x) }
@@ -115,7 +115,7 @@ end:
     :: DELIVER(1)
     :: LOSE(0)
     :: LOSE(1)
-    :: d_step { resets < RESETS && !resetreq -> resets++; resetreq = 1 }
+    :: d_step { resets < RESETS && !resetreq && (rundone || !RESET_AT_END) -> resets++; resetreq = 1 }
     EACH(OP_SETTLE)
     EACH(OP_MISTAKE)
     EACH(OP_ACK)
@@ -163,7 +163,7 @@ end_settled:
     atomic {
         printf("@@ mark_compensated k=%d", x);
         if
-        :: cks[x] == COMPLETED && st[x] == COMPLETED -> st[x] = COMPENSATED; wake = 1; out = O_OK
+        :: cks[x] == COMPLETED && st[x] == COMPLETED -> st[x] = COMPENSATED; out = O_OK
         :: else -> out = O_IGNORED
         fi;
         printf(" -> %e", out); row(x)

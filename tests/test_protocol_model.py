@@ -30,6 +30,7 @@ from onceflow.ledger import Ledger
 from tests.support.protocol_model import (
     CHECKS,
     DEFAULT_SUITE,
+    FENCED,
     MODEL,
     OLD_RULES,
     WALKS,
@@ -101,6 +102,17 @@ async def test_each_old_rule_gives_a_counterexample_that_the_ledger_now_refuses(
             f"{old.switch}: today's ledger answered as the old rule did at every step:\n" + "\n".join(lines)
         )
         assert diverged.step.op == expected, f"{old.switch}: diverged at {diverged}"
+
+
+@pytest.mark.parametrize(("receiver", "safe"), [("R_KIT", True), ("R_NOKEY", False)])
+def test_the_kits_fence_makes_a_settlement_inside_the_lease_safe(
+    receiver: str, safe: bool, tmp_path: Path
+) -> None:
+    verdict = Build(tmp_path, {**FENCED, "RECEIVER": receiver}).verify()
+    if safe:
+        assert verdict.complete and verdict.errors == 0, verdict.violated
+    else:
+        assert verdict.errors >= 1 and "own[" in verdict.violated, verdict.violated
 
 
 @pytest.mark.parametrize("seed", SEEDS)

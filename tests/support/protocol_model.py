@@ -39,7 +39,7 @@ class Check:
     defines: Defines
     covers: str
     # pan's memory limit (MB) and compression: COLLAPSE stays exhaustive, only slower.
-    memory_mb: int = 1024
+    memory_mb: int = 3000
     collapse: bool = False
 
 
@@ -507,10 +507,10 @@ PROPERTIES = {
     "eff[k] <= 1": "1. no key takes effect twice",
     "lic[": "2. no intent paid twice unless heard as it stands",
     "cok": "3. told an effect stands that was undone or never happened",
-    "cpair": "5. one effect given twice while another stood untold",
     "toldfail": "3. told it did not take effect, and it did",
-    "own[": "4. an effect landed after its call was decided",
     "glost": "6. made unknown a call known never sent",
+    "own[": "4. an effect landed after its call was decided",
+    "cpair": "5. one effect given twice while another stood untold",
     "asked": "7. compensation nobody asked for",
     "compwait": "8. a compensation left waiting on a settled call",
 }

@@ -55,8 +55,8 @@ FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-# A fixed non-root user; /data is where the billing service keeps its SQLite file (a volume in
-# docker-compose.yml: a fresh named volume takes this directory's owner).
+# A fixed non-root user; /data is a writable place for a volume, should a deployment want one (the
+# billing example keeps its credits in PostgreSQL).
 RUN groupadd --system --gid 10001 onceflow \
  && useradd --system --uid 10001 --gid onceflow --home-dir /app --no-create-home --shell /usr/sbin/nologin onceflow \
  && mkdir -p /app /data \

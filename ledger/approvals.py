@@ -13,7 +13,7 @@ from onceflow.ledger import queries
 from onceflow.ledger.base import require_text
 from onceflow.ledger.decisions import LockedDecisions
 from onceflow.ledger.errors import InvalidTransitionError
-from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.records import ToolExecutionRecord, repeated_decision, to_record
 from onceflow.ledger.status import EventSource, FailureKind, Status
 
 
@@ -37,7 +37,7 @@ class Approvals(LockedDecisions):
             updated = await conn.fetchrow(queries.APPROVE, key, actor)
             if updated is None:
                 if row["approved_by"] == actor and row["approved_at"] is not None:
-                    return to_record(row)
+                    return repeated_decision(row)
                 raise self._refuse(row, "approve")
             await self.insert_event(
                 conn,
@@ -71,7 +71,7 @@ class Approvals(LockedDecisions):
             updated = await conn.fetchrow(queries.DENY, key, actor, reason)
             if updated is None:
                 if row["status"] == Status.DENIED and (row["settled_by"], row["reason"]) == (actor, reason):
-                    return to_record(row)
+                    return repeated_decision(row)
                 raise self._refuse(row, "deny")
             await self.insert_event(
                 conn,
@@ -116,7 +116,7 @@ class Approvals(LockedDecisions):
                     actor,
                     reason,
                 ):
-                    return to_record(row)
+                    return repeated_decision(row)
                 if current is Status.AWAITING_APPROVAL and row["approved_at"] is None:
                     raise InvalidTransitionError(
                         key, current.value, "release: it awaits approval; deny it instead"

@@ -230,6 +230,29 @@ class _Connections:
         return len(self._idle)
 
 
+class _NotOpenYet(_Connections):
+    """The connections of a ledger made with `LedgerBase.opened_later()`, until `open`: every
+    operation meets the database as away (LedgerUnavailableError), which each caller already treats
+    as "nothing was done" (a write activity is then reserved again later, never sent)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:  # no pool: nothing is ever acquired
+        pass
+
+    async def acquire(self) -> Any:
+        raise LedgerUnavailableError("the ledger is not open yet: its worker has not started")
+
+    def release(self, conn: Any, *, clean: bool) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    def idle_count(self) -> int:
+        return 0
+
+
 class _Operation:
     """One ledger operation: a `ledger.<name>` span around one of the ledger's connections.
 
@@ -283,21 +306,44 @@ class _Operation:
 class LedgerBase:
     """The pool and the plumbing. `Ledger` (ledger.store) is what callers use."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
-        self._connections = _Connections(pool)
+    def __init__(self, pool: asyncpg.Pool | None) -> None:
+        self._connections = _NotOpenYet() if pool is None else _Connections(pool)
+
+    @property
+    def _pool(self) -> asyncpg.Pool:
+        return self._connections._pool
 
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Self:
+        ledger = cls.opened_later()
+        await ledger.open(dsn, min_size=min_size, max_size=max_size)
+        return ledger
+
+    @classmethod
+    def opened_later(cls) -> Self:
+        """A ledger to hand to activities before its database is reached (a Temporal worker plugin
+        binds them when the worker is built; it connects when the worker starts). Until `open`,
+        every operation raises LedgerUnavailableError."""
+        return cls(None)
+
+    async def open(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        """Connect a ledger made with `opened_later()`."""
+        if self.is_open:
+            raise RuntimeError("this ledger is open already")
         try:
             pool = await asyncpg.create_pool(
                 dsn, min_size=min_size, max_size=max_size, init=_set_up, reset=_keep_session
             )
         except UNAVAILABLE as exc:
             raise LedgerUnavailableError(f"cannot reach the ledger database: {exc}") from exc
-        return cls(pool)
+        self._connections = _Connections(pool)
+
+    @property
+    def is_open(self) -> bool:
+        return not isinstance(self._connections, _NotOpenYet) and not self._connections._closed
 
     async def close(self) -> None:
+        """Close the connections (waiting for operations under way); `open` may connect it again."""
         await self._connections.close()
 
     def connection(self, operation: str, **attributes: Any) -> _Operation:

@@ -8,6 +8,7 @@ decision is flagged as a conflict (ledger.conflicts).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -112,7 +113,8 @@ class CallPath(GuardedReservations, ConflictFlags):
         committed while its answer was lost: they sent nothing), a call found `started` under one of
         them is released as not attempted and reserved afresh, instead of answering IN_FLIGHT.
         """
-        reserved = await self._reserve(
+        again = functools.partial(
+            self._reserve,
             call,
             tool_name=tool_name,
             side_effect=side_effect,
@@ -124,6 +126,7 @@ class CallPath(GuardedReservations, ConflictFlags):
             execution=execution,
             not_after=not_after,
         )
+        reserved = await again()
         record = reserved.record
         lost = reserved.outcome is Reservation.IN_FLIGHT and record.status is Status.STARTED
         if not (lost and record.owner in unsent_owners):
@@ -135,18 +138,7 @@ class CallPath(GuardedReservations, ConflictFlags):
             kind=FailureKind.NOT_ATTEMPTED,
             error="its reservation committed but the answer was lost; nothing was sent",
         )
-        return await self._reserve(
-            call,
-            tool_name=tool_name,
-            side_effect=side_effect,
-            arguments=arguments,
-            owner=owner,
-            approval=approval,
-            lease=lease,
-            guard=guard,
-            execution=execution,
-            not_after=not_after,
-        )
+        return await again()
 
     async def _reserve(
         self,

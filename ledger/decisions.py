@@ -22,10 +22,11 @@ from onceflow.ledger.errors import (
     EvidenceRequiredError,
     HeldCallError,
     InvalidTransitionError,
+    OwnerLeaseLiveError,
     RecordNotFoundError,
     ReusedCallError,
 )
-from onceflow.ledger.records import ToolExecutionRecord, to_record
+from onceflow.ledger.records import ToolExecutionRecord, repeated_decision, to_record
 from onceflow.ledger.resends import refuse_during_resend
 from onceflow.ledger.status import EventSource, FailureKind, Status
 
@@ -60,11 +61,14 @@ class LockedDecisions(LedgerBase):
         current = Status(row["status"])
         if current is Status.HELD:
             return HeldCallError(row["key"], wanted, held_by=row["held_by"], hold_reason=row["hold_reason"])
-        decided_by, decided_at = row["settled_by"], row["settled_at"]
+        decided_by, decided_at, reason = row["settled_by"], row["settled_at"], row["reason"]
         if decided_by is None and row["approved_at"] is not None:
-            decided_by, decided_at = row["approved_by"], row["approved_at"]
+            # An approval's reason is on its event, not the row.
+            decided_by, decided_at, reason = row["approved_by"], row["approved_at"], None
         error_type = AlreadySettledError if decided_by else InvalidTransitionError
-        return error_type(row["key"], current.value, wanted, settled_by=decided_by, settled_at=decided_at)
+        return error_type(
+            row["key"], current.value, wanted, settled_by=decided_by, settled_at=decided_at, reason=reason
+        )
 
 
 class OperatorDecisions(ConflictFlags, LockedDecisions):
@@ -85,6 +89,7 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
         source: EventSource = EventSource.API,
         detail: Any = None,
         failure_kind: FailureKind = FailureKind.NOT_APPLIED,
+        after_owner_lease: bool = False,
     ) -> ToolExecutionRecord:
         """Compare-and-set an unknown call to `completed` or `failed`. One caller wins.
 
@@ -99,6 +104,11 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
 
         While the reconciler's resend of the call is on the wire, anyone but the reconciler is
         refused with `ResendInFlightError`, naming the resend and when its lease ends.
+        `after_owner_lease` (a reconcile hook's "not there"): while the owner's own lease is live its
+        request may still land, so a lookup that finds nothing proves nothing yet, and settling it
+        `failed` is refused (`OwnerLeaseLiveError`). A receiver's fence or "no record of this key"
+        answer is proof at any time (a fenced key is refused when it lands), and so is a
+        `completed`; an operator decides on what they checked.
 
         A held call is refused with `HeldCallError` naming its blocker (nothing was sent). Settling a
         call that draws on a budget (it has an `amount`) as failed releases that amount, so a person
@@ -119,11 +129,17 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
                 if _same_settlement(
                     row, status=status, actor=actor, reason=reason, evidence=evidence, result=result
                 ):
-                    return to_record(row)
+                    return repeated_decision(row)
                 raise self._refuse(row, f"settle as {status.value}")
             if source is not EventSource.RECONCILER:
                 # The reconciler's resend may be on the wire: its answer settles the call.
                 await refuse_during_resend(conn, key, f"settle as {status.value}")
+            lease_live = row["lease_expires_at"] is not None and not row["owner_gone"]
+            if after_owner_lease and status is Status.FAILED and lease_live:
+                # The owner's own request may still land: a lookup's "not there" is no proof yet.
+                raise OwnerLeaseLiveError(
+                    key, current.value, f"settle as {status.value}", until=row["lease_expires_at"]
+                )
             if (
                 status is Status.FAILED
                 and row["amount"] is not None

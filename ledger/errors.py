@@ -62,6 +62,7 @@ class InvalidTransitionError(LedgerError):
         *,
         settled_by: str | None = None,
         settled_at: datetime | None = None,
+        reason: str | None = None,
     ) -> None:
         detail = f"key {key!r} is {current_status}"
         if settled_by:
@@ -72,6 +73,7 @@ class InvalidTransitionError(LedgerError):
         self.current_status = current_status
         self.settled_by = settled_by
         self.settled_at = settled_at
+        self.reason = reason  # the one the decider gave, when the record keeps it
 
 
 class AlreadySettledError(InvalidTransitionError):
@@ -177,6 +179,21 @@ class ResendInFlightError(InvalidTransitionError):
         self.until = until
         self.quiet_until = quiet_until
         self.resend_actor = actor
+
+
+class OwnerLeaseLiveError(InvalidTransitionError):
+    """A call settled as failed (not applied) while its owner's lease is live: the owner's request may
+    still be on the wire and land after "it is not there" was decided. Decide after `until` (by the
+    database's clock), or settle it completed if its effect was found."""
+
+    def __init__(self, key: str, current_status: str, wanted: str, *, until: datetime) -> None:
+        super().__init__(key, current_status, wanted)
+        self.args = (
+            f"cannot {wanted}: the attempt that sent {key!r} holds it until {until.isoformat()}, and "
+            "its request may still be on the wire; finding no effect now proves nothing. Decide "
+            "after that (or settle it completed if the effect is there)",
+        )
+        self.until = until
 
 
 class CompensationNotRequestedError(LedgerError):

@@ -171,6 +171,16 @@ def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = Non
     return record
 
 
+class RepeatedDecision(ToolExecutionRecord):
+    """The record as it stands, answering a decision that was already recorded exactly so (the same
+    actor deciding the same again: a retried request, or a second browser tab): nothing was written.
+    A record like any other to whoever does not ask; the API tells its caller it was a repeat."""
+
+
+def repeated_decision(row: asyncpg.Record) -> RepeatedDecision:
+    return RepeatedDecision.model_construct(**dict(to_record(row)))
+
+
 def validated_record(
     row: asyncpg.Record, events: list[ToolExecutionEvent] | None = None
 ) -> ToolExecutionRecord:

@@ -8,6 +8,7 @@ to someone who reads the table (no password-style stretching is needed for rando
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from datetime import datetime
 from typing import Any
@@ -19,6 +20,9 @@ from onceflow.ledger.base import LedgerBase, require_text
 from onceflow.ledger.errors import LedgerError
 
 TOKEN_PREFIX = "oft_"
+# What `create` draws: the prefix and 32 random bytes, URL-safe base64 without padding (43 characters).
+TOKEN_SHAPE = re.compile(r"oft_[A-Za-z0-9_-]{43}")
+TOKEN_LENGTH = 47
 
 
 class TokenNotFoundError(LedgerError):
@@ -47,6 +51,11 @@ def token_sha256(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def looks_like_token(secret: str) -> bool:
+    """Could this be a token `create` made? Anything else is refused without asking the database."""
+    return TOKEN_SHAPE.fullmatch(secret) is not None
+
+
 class OperatorTokens:
     def __init__(self, ledger: LedgerBase) -> None:
         self._ledger = ledger
@@ -62,8 +71,9 @@ class OperatorTokens:
         return _token(row), secret
 
     async def authenticate(self, secret: str) -> OperatorToken | None:
-        """The token's owner, or None for an unknown or revoked token."""
-        if not secret.startswith(TOKEN_PREFIX):
+        """The token's owner, or None for an unknown or revoked token. A secret of another shape is
+        refused without a query."""
+        if not looks_like_token(secret):
             return None
         async with self._ledger.connection("authenticate") as conn:
             row = await conn.fetchrow(queries.SELECT_ACTIVE_TOKEN, token_sha256(secret))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from onceflow.ledger import ToolExecutionRecord
     from onceflow.runtime.client import connect, start_run
+    from onceflow.runtime.plugin import OnceflowPlugin, OnceflowStartupError
     from onceflow.sdk.payloads import AgentRunInput, AgentRunResult
     from onceflow.sdk.testing import assert_tool_contract
     from onceflow.sdk.tools import (
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         Toolset,
         destructive,
         external,
+        kit_receiver,
         read,
         write,
     )
@@ -50,12 +52,14 @@ _HOMES = {
         "Toolset",
         "destructive",
         "external",
+        "kit_receiver",
         "read",
         "write",
     ],
     "onceflow.sdk.testing": ["assert_tool_contract"],
     "onceflow.sdk.payloads": ["AgentRunInput", "AgentRunResult"],
     "onceflow.runtime.client": ["connect", "start_run"],
+    "onceflow.runtime.plugin": ["OnceflowPlugin", "OnceflowStartupError"],
     "onceflow.ledger": ["ToolExecutionRecord"],
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
@@ -66,6 +70,8 @@ __all__ = [
     "Effect",
     "Guards",
     "InvalidToolArgumentsError",
+    "OnceflowPlugin",
+    "OnceflowStartupError",
     "OutcomeStatus",
     "ReconcileOutcome",
     "Tool",
@@ -80,6 +86,7 @@ __all__ = [
     "connect",
     "destructive",
     "external",
+    "kit_receiver",
     "read",
     "start_run",
     "write",

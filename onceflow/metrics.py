@@ -12,8 +12,9 @@ is scraped as `onceflow_call_sent_total`, `onceflow.call.unresolved.duration` (s
   (ledger/queue.py); a worker never reports them, so nothing is summed across workers.
 - Export: OTEL_METRICS_EXPORTER, a comma-separated list of `otlp` (the `otlp` extra; configured by
   OTEL_EXPORTER_OTLP_*), `prometheus` (a worker serves OTEL_EXPORTER_PROMETHEUS_HOST:PORT, default
-  localhost:9464; the operator API always serves /metrics) and `console`; default none. The Temporal
-  SDK's own worker metrics go out the same way through its Runtime (temporal_runtime).
+  localhost:9464; the operator API always serves /metrics, on a listener of its own,
+  ONCEFLOW_API_METRICS_HOST:PORT) and `console`; default none. The Temporal SDK's own worker
+  metrics go out the same way through its Runtime (temporal_runtime).
 """
 
 from __future__ import annotations
@@ -170,7 +171,10 @@ def _observe(field: str, *, conflicts: bool) -> Any:
         for figure in _queue_source():
             if (figure.status == "conflict") != conflicts:
                 continue
-            attributes = {"tenant": figure.tenant, "tool": figure.tool}
+            # No tenant at all when the API is told to name none (ONCEFLOW_METRICS_TENANT_LABEL).
+            attributes = (
+                {"tenant": figure.tenant, "tool": figure.tool} if figure.tenant else {"tool": figure.tool}
+            )
             if not conflicts:
                 attributes["status"] = figure.status
             value = getattr(figure, field)

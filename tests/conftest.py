@@ -20,7 +20,7 @@ from onceflow.local.postgres import EmbeddedPostgres, configured_database_url, c
 from onceflow.runtime.constants import SEARCH_ATTRIBUTES
 from onceflow.runtime.telemetry import tracing_interceptor
 from tests.support.operator_api import OperatorApi, serving_api
-from tests.support.processes import ChildProcesses, start_billing_service
+from tests.support.processes import ChildProcesses, billing_database, start_billing_service
 from tests.support.proxy import DroppingProxy
 
 TEMPLATE = "onceflow_test_template"
@@ -106,15 +106,16 @@ async def operator_api(temporal_env: WorkflowEnvironment, ledger: Ledger) -> Asy
 
 
 @pytest.fixture(scope="module")
-async def billing_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def billing_url(tmp_path_factory: pytest.TempPathFactory, postgres_dsn: str) -> AsyncIterator[str]:
     """The billing service honouring no idempotency key (`--no-dedup`): a key sent twice applies
     twice, and `BillingClient.received` counts every request that arrived, per key."""
     directory = tmp_path_factory.mktemp("billing")
     processes = ChildProcesses(directory)
-    try:
-        yield await start_billing_service(processes, directory / "billing.sqlite3", dedup=False)
-    finally:
-        processes.close()
+    async with billing_database(postgres_dsn) as database_url:
+        try:
+            yield await start_billing_service(processes, database_url, dedup=False)
+        finally:
+            processes.close()
 
 
 @pytest.fixture

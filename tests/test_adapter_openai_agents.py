@@ -9,18 +9,16 @@ import json
 import os
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.openai_agents import ModelActivityParameters
-from temporalio.openai_agents.testing import TestModelProvider
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from onceflow.adapters.openai_agents import client_plugins, worker_plugins, write_tool
+from onceflow import OnceflowPlugin
+from onceflow.adapters.openai_agents import write_tool
 from onceflow.ledger import Ledger, Status
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.constants import HELD_KEYS, PHASE, TENANT, UNRESOLVED_KEYS
@@ -28,7 +26,7 @@ from onceflow.runtime.worker import build_worker
 from onceflow.sdk.payloads import ResolveSignal, SettleResult
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
-from tests.support.openai_agents_support import OPENAI_WRITES, ScriptedModel, lookup_order
+from tests.support.openai_agents_support import OPENAI_WRITES, lookup_order, openai_agents_plugin
 from tests.support.openai_agents_workflow import OpenAIBillingWorkflow
 from tests.support.operator_api import serving_api
 from tests.support.pydantic_ai_agents import AdapterRunInput
@@ -48,12 +46,10 @@ def credit(tool: str = "issue_credit", call_id: str = "c1", account: str = "acct
 @pytest.fixture(scope="module")
 async def client(temporal_env: WorkflowEnvironment) -> Client:
     """A client with the SDK's plugin (and so its data converter), as the adapter asks."""
-    plugins = client_plugins(
-        model_provider=TestModelProvider(ScriptedModel()),
-        model_params=ModelActivityParameters(start_to_close_timeout=timedelta(seconds=10)),
-    )
     config = temporal_env.client.service_client.config
-    return await Client.connect(config.target_host, namespace=temporal_env.client.namespace, plugins=plugins)
+    return await Client.connect(
+        config.target_host, namespace=temporal_env.client.namespace, plugins=[openai_agents_plugin()]
+    )
 
 
 @pytest.fixture
@@ -68,7 +64,6 @@ async def queue(client: Client, ledger: Ledger) -> AsyncIterator[str]:
         task_queue=task_queue,
         workflows=[OpenAIBillingWorkflow],
         activities=[lookup_order],
-        plugins=worker_plugins(),
     )
     async with worker:
         yield task_queue
@@ -202,7 +197,7 @@ async def test_recorded_histories_replay_against_the_workflow_code(
         await finished(handle)
     replayer = Replayer(
         workflows=[OpenAIBillingWorkflow],
-        plugins=[*client_plugins(model_provider=TestModelProvider(ScriptedModel())), *worker_plugins()],
+        plugins=[openai_agents_plugin(), OnceflowPlugin()],
     )
     for handle in handles:
         history = await handle.fetch_history()
@@ -224,7 +219,7 @@ async def test_committed_histories_replay_against_todays_workflow_code() -> None
     assert recorded, f"no recorded histories in {HISTORIES}"
     replayer = Replayer(
         workflows=[OpenAIBillingWorkflow],
-        plugins=[*client_plugins(model_provider=TestModelProvider(ScriptedModel())), *worker_plugins()],
+        plugins=[openai_agents_plugin(), OnceflowPlugin()],
     )
     for path in recorded:
         history = WorkflowHistory.from_json(path.stem, path.read_text())

@@ -20,7 +20,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from onceflow.adapters.pydantic_ai import worker_plugins
+from onceflow import OnceflowPlugin
 from onceflow.ledger import Ledger, Status
 from onceflow.runtime.agents import AgentRegistry
 from onceflow.runtime.constants import HELD_KEYS, PHASE, TENANT, UNRESOLVED_KEYS
@@ -29,7 +29,7 @@ from onceflow.sdk.payloads import ResolveSignal, SettleResult
 from tests.support.downstream import DOWNSTREAM
 from tests.support.history import activity_runs, history_events, reset_run, workflow_task_completed_after
 from tests.support.operator_api import serving_api
-from tests.support.pydantic_ai_agents import AGENT, WRITES, AdapterRunInput
+from tests.support.pydantic_ai_agents import WRITES, AdapterRunInput, agent_plugins
 from tests.support.pydantic_ai_workflow import PydanticBillingWorkflow, UnhostedPydanticWorkflow
 from tests.support.waiting import eventually
 
@@ -54,7 +54,7 @@ async def pydantic_worker(client: Client, ledger: Ledger) -> AsyncIterator[str]:
         registry,
         task_queue=task_queue,
         workflows=[PydanticBillingWorkflow, UnhostedPydanticWorkflow],
-        plugins=worker_plugins(AGENT),
+        plugins=agent_plugins(),
     )
     async with worker:
         yield task_queue
@@ -237,7 +237,7 @@ async def test_recorded_histories_replay_against_the_workflow_code(
             (HISTORIES / f"{history.workflow_id}.json").write_text(history.to_json())
     replayer = Replayer(
         workflows=[PydanticBillingWorkflow],
-        plugins=worker_plugins(AGENT),
+        plugins=[OnceflowPlugin(), *agent_plugins()],
         data_converter=client.data_converter,
     )
     for history in histories:
@@ -349,7 +349,7 @@ async def test_committed_histories_replay_against_todays_workflow_code(
     assert recorded, f"no recorded histories in {HISTORIES}"
     replayer = Replayer(
         workflows=[PydanticBillingWorkflow],
-        plugins=worker_plugins(AGENT),
+        plugins=[OnceflowPlugin(), *agent_plugins()],
         data_converter=temporal_env.client.data_converter,
     )
     for path in recorded:

@@ -1,11 +1,13 @@
-"""The example billing service, served for real by uvicorn on loopback and driven through its client."""
+"""The example billing service, served for real by uvicorn on loopback and driven through its client.
+
+Its credits and the receiver kit's keys live in a real PostgreSQL database of its own (a fresh one
+per module, or per test where the test restarts the service or runs it in another mode)."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,11 +27,25 @@ from onceflow.examples.billing.models import FaultMode
 from onceflow.examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, POLICY_PROBLEM_PREFIX
 from onceflow.examples.billing.service import create_app
 from onceflow.examples.billing.serving import BackgroundServer
+from onceflow.receiver import key_header_value
+from tests.support.processes import billing_database
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[BackgroundServer]:
-    with BackgroundServer(create_app(), shutdown_grace=1.0) as running:
+async def module_database(postgres_dsn: str) -> AsyncIterator[str]:
+    async with billing_database(postgres_dsn) as database_url:
+        yield database_url
+
+
+@pytest.fixture
+async def own_database(postgres_dsn: str) -> AsyncIterator[str]:
+    async with billing_database(postgres_dsn) as database_url:
+        yield database_url
+
+
+@pytest.fixture(scope="module")
+def server(module_database: str) -> Iterator[BackgroundServer]:
+    with BackgroundServer(create_app(module_database), shutdown_grace=1.0) as running:
         yield running
 
 
@@ -68,8 +84,8 @@ async def test_same_key_replays_the_first_answer(billing: BillingClient, server:
     assert first.status == "applied" and first.idempotency_key == key
 
     async with httpx.AsyncClient(base_url=server.base_url) as http:
-        body = {"account_id": account, "amount_cents": 1500, "memo": "refund"}
-        response = await http.post("/credits", json=body, headers={"Idempotency-Key": key})
+        body = {"account_id": account, "amount_cents": 1500, "currency": "USD", "memo": "refund"}
+        response = await http.post("/credits", json=body, headers={"Idempotency-Key": key_header_value(key)})
     assert response.status_code == 201
     assert response.headers["Idempotent-Replayed"] == "true"
     assert response.json()["credit_id"] == first.credit_id
@@ -79,12 +95,13 @@ async def test_same_key_replays_the_first_answer(billing: BillingClient, server:
     assert effects.total == sum(effects.effects.values())
 
 
-async def test_same_key_with_another_body_conflicts(billing: BillingClient) -> None:
+async def test_same_key_with_another_body_is_refused_with_422(billing: BillingClient) -> None:
     key, account = new_key(), new_account()
     await billing.credit(account, 1500, idempotency_key=key)
-    with pytest.raises(BillingConflict) as caught:
+    with pytest.raises(BillingRejected) as caught:
         await billing.credit(account, 9999, idempotency_key=key)
-    assert caught.value.status_code == 409
+    assert caught.value.status_code == 422
+    assert caught.value.problem["type"] == "https://billing.example/problems/key-reused"
     assert {"type", "title", "detail"} <= caught.value.problem.keys()
     assert (await billing.effects()).count(key) == 1
 
@@ -224,8 +241,8 @@ async def test_clearing_account_faults(billing: BillingClient) -> None:
     await billing.credit(account, 100, idempotency_key=new_key())
 
 
-async def test_credits_survive_a_restart(tmp_path: Path) -> None:
-    db = str(tmp_path / "billing.sqlite3")
+async def test_credits_survive_a_restart(own_database: str) -> None:
+    db = own_database
     key, account = new_key(), new_account()
     with BackgroundServer(create_app(db)) as first_run:
         async with BillingClient(first_run.base_url, timeout=5.0) as client:
@@ -281,7 +298,7 @@ async def test_refused_fenced_and_dropped_requests_are_received_too(billing: Bil
     with pytest.raises(httpx.RemoteProtocolError):
         await billing.credit(account, 100, idempotency_key=dropped, fault=FaultMode.DROP)
     await billing.credit(account, 100, idempotency_key=conflicting)
-    with pytest.raises(BillingConflict):
+    with pytest.raises(BillingRejected):
         await billing.credit(account, 200, idempotency_key=conflicting)
 
     outcomes = {
@@ -292,7 +309,7 @@ async def test_refused_fenced_and_dropped_requests_are_received_too(billing: Bil
         locked: [("refused", 423)],
         fenced: [("refused", 409)],
         dropped: [("applied", None)],
-        conflicting: [("applied", 201), ("refused", 409)],
+        conflicting: [("applied", 201), ("refused", 422)],
     }
     counts = await billing.received_counts()
     assert [counts.count(k) for k in (locked, fenced, dropped, conflicting)] == [1, 1, 1, 2]
@@ -307,7 +324,9 @@ async def test_keyless_and_malformed_requests_are_received_and_reads_are_counted
         assert (
             await http.post("/credits", json={"account_id": "acct_x", "amount_cents": 1})
         ).status_code == 400
-        response = await http.post("/credits", content=b"{", headers={"Idempotency-Key": "k-malformed"})
+        response = await http.post(
+            "/credits", content=b"{", headers={"Idempotency-Key": key_header_value("k-malformed")}
+        )
         assert response.status_code == 400
     assert (await billing.received_counts()).keyless == before.keyless + 1
     assert [r.outcome for r in (await billing.received("k-malformed")).requests] == ["refused"]
@@ -321,9 +340,9 @@ async def test_keyless_and_malformed_requests_are_received_and_reads_are_counted
     assert (await billing.received_counts(None, None, prefix="/effects")).total == 0
 
 
-async def test_without_dedup_every_request_applies_a_new_credit(tmp_path: Path) -> None:
+async def test_without_dedup_every_request_applies_a_new_credit(own_database: str) -> None:
     key, account = new_key(), new_account()
-    with BackgroundServer(create_app(str(tmp_path / "b.sqlite3"), dedup=False)) as running:
+    with BackgroundServer(create_app(own_database, dedup=False)) as running:
         async with BillingClient(running.base_url, timeout=5.0) as client:
             assert not await client.dedups()
             first = await client.credit(account, 300, idempotency_key=key)
@@ -368,8 +387,8 @@ async def test_a_credit_above_the_authorization_limit_is_refused_on_policy_groun
     assert at_the_limit.status == "applied"
 
 
-async def test_the_limit_is_configurable_and_applies_without_dedup(tmp_path: Path) -> None:
-    app = create_app(str(tmp_path / "b.sqlite3"), dedup=False, credit_limit_cents=1000)
+async def test_the_limit_is_configurable_and_applies_without_dedup(own_database: str) -> None:
+    app = create_app(own_database, dedup=False, credit_limit_cents=1000)
     with BackgroundServer(app) as running:
         async with BillingClient(running.base_url) as client:
             key = new_key()

@@ -8,6 +8,7 @@ is in tests/support/compose_files.py.
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 
 import pytest
@@ -237,3 +238,32 @@ def test_search_attribute_registration_matches_what_the_code_sets() -> None:
     assert len(expected) == len(SEARCH_ATTRIBUTES) == 7
     assert registered == expected
     assert depends_on(services()["worker"])["register-search-attributes"] == "service_completed_successfully"
+
+
+# --- doors: signals, metrics, the console behind a proxy -------------------------------------------
+
+
+def _default(value: object) -> str:
+    """What compose puts in a variable given as `${NAME:-default}` (or as is) when NAME is unset."""
+    text = str(value)
+    found = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", text)
+    return found.group(1) if found else text
+
+
+def test_workers_settle_from_signals_only_with_an_assertion_by_default() -> None:
+    worker = services()["worker"]["environment"]
+    api = services()["operator-api"]["environment"]
+    assert _default(worker["ONCEFLOW_SIGNALS"]) == "verified"
+    # One key, the same for the API that signs and the workers that check; none by default.
+    assert worker["ONCEFLOW_SIGNAL_KEY"] == api["ONCEFLOW_SIGNAL_KEY"] == "${ONCEFLOW_SIGNAL_KEY:-}"
+
+
+def test_the_apis_metrics_have_a_listener_of_their_own_that_only_prometheus_reaches() -> None:
+    api = services()["operator-api"]
+    port = int(api["environment"]["ONCEFLOW_API_METRICS_PORT"])
+    assert port != int(api["environment"]["ONCEFLOW_API_PORT"])
+    assert api["environment"]["ONCEFLOW_API_METRICS_HOST"] == "0.0.0.0"  # inside the compose network
+    assert port not in [container for _, _, container in published_ports(api)]
+    scrape = (ROOT / "deploy/prometheus/prometheus.yml").read_text()
+    assert f'"operator-api:{port}"' in scrape and '"operator-api:8082"' not in scrape
+    assert _default(api["environment"]["ONCEFLOW_METRICS_TENANT_LABEL"]) in ("name", "hash", "none")

@@ -19,8 +19,11 @@ from onceflow.ledger import FailureKind, Status
 from onceflow.sdk.payloads import Phase
 from tests.support.browser import (
     CHROMIUM,
+    LAPTOP,
     browser_type_launch_args,
     chromium_browser,
+    decisions_are_on_the_first_screen,
+    key_is_the_visible_title,
     shoot,
     signed_in,
 )
@@ -44,9 +47,11 @@ async def test_approve_sends_the_call_once(operator_api: OperatorApi, chromium_b
     await wait_for_phase(handle, Phase.AWAITING_APPROVAL)
     key = f"{handle.id}:call_1_0"
 
-    page, _ = await signed_in(chromium_browser, operator_api, operator="bob")
+    page, _ = await signed_in(chromium_browser, operator_api, operator="bob", viewport=LAPTOP)
     await page.get_by_role("link", name="1 Awaiting approval").click()
     await page.get_by_role("link", name=key).click()
+    await key_is_the_visible_title(page, key, LAPTOP)
+    await decisions_are_on_the_first_screen(page, LAPTOP, ["Approve…", "Deny…", "Nudge the run…"])
     await page.locator("#approve-reason").fill("customer called")
     await page.get_by_role("button", name="Approve…").click()
     await expect(page.locator(".consequence")).to_contain_text("sent to the receiver, once")

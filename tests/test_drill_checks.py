@@ -6,7 +6,10 @@ is in tests/test_drill.py.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections import Counter
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,23 +17,41 @@ from typing import Any
 import asyncpg
 import pytest
 
+from onceflow.drill.gates import (
+    close_turn,
+    leave_to_operator,
+    left_to_operator,
+    open_turn,
+    turn_reached,
+    wait_at_turn,
+)
 from onceflow.drill.intents import INVARIANT as INTENT_INVARIANT
 from onceflow.drill.intents import AppliedCredit
-from onceflow.drill.judge import Downstream, RunEnd, check_run
+from onceflow.drill.judge import Downstream, RunCheck, RunEnd, check_run
+from onceflow.drill.paths import TOLD_INVARIANT
 from onceflow.drill.points import MARKERS_ENV, KillPoint, arm, claim, read_held, still_armed
 from onceflow.drill.scenario import (
+    CONFLICT_AGENT,
+    CYCLE,
+    FIRST_CREDIT,
     ORIGINAL_CALL,
     OWED_CALL,
     REISSUE_CALL,
+    RESET_AGENT,
+    RETRY_CREDIT,
     SENT_CALLS,
     WRITE_CALLS,
     PlannedRun,
+    RunPath,
+    kind_name,
     plan_runs,
 )
 from onceflow.drill.sends import EVENTS, Reruns, judge_sends, reruns_by_key
+from onceflow.drill.told import TOLD_ENV, ModelCall, read_model_calls, write_down
+from onceflow.drill.walks import Walk
 from onceflow.examples.billing.models import seeded_order
 from onceflow.ledger import CallIdentity, FailureKind, Ledger, SideEffect
-from onceflow.sdk.payloads import AgentRunResult, CallSummary
+from onceflow.sdk.payloads import AgentRunResult, CallSummary, Message, ModelCallInput, ToolCall
 
 
 def test_a_point_is_claimed_once_and_only_when_its_condition_holds(
@@ -305,3 +326,182 @@ async def test_reruns_are_read_from_the_ledgers_events_by_the_failure_before_the
         "run-r:c-not-attempted": Reruns(after_not_attempted=1),
         "run-r:c-rejected": Reruns(after_other_failure=1),
     }
+
+
+# -- the conflict and reset runs, judged by what the model was told ----------------------------------
+
+
+def test_the_plan_walks_each_path_once_a_cycle_and_can_be_narrowed_to_some_kinds() -> None:
+    plans = plan_runs(len(CYCLE), seed=5)
+    assert [plan.kind for plan in plans] == [kind_name(kind) if kind else None for kind in CYCLE]
+    conflict, reset = plans[-2:]
+    assert (conflict.path, conflict.agent, conflict.fault) == (
+        RunPath.CONFLICT,
+        CONFLICT_AGENT,
+        "apply_then_hang",
+    )
+    assert (reset.path, reset.agent, reset.write_calls) == (RunPath.RESET, RESET_AGENT, ())
+    moments = Counter(plan.condition["moment"] for plan in plan_runs(90, seed=5, only=("reset",)))
+    assert set(moments) == {"done", "in_flight"}
+    assert [plan.kind for plan in plan_runs(3, seed=5, only=("conflict", "locked"))] == [
+        None,
+        "conflict",
+        None,
+    ]
+    with pytest.raises(ValueError, match="no kind of run named nope"):
+        plan_runs(1, seed=5, only=("nope",))
+
+
+def test_what_the_model_was_told_is_read_back_as_it_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TOLD_ENV, str(tmp_path))
+    asked = ToolCall(id="call_1_0", name="issue_credit", arguments={"amount_cents": 5})
+    told = {"ok": True, "result": {"credit_id": "cr_1"}, "reused_from": "call_0_9"}
+    messages = [
+        Message(role="user", content="{}"),
+        Message(role="assistant", tool_calls=[asked]),
+        Message(role="tool", tool_call_id="call_1_0", name="issue_credit", content=json.dumps(told)),
+    ]
+    write_down(ModelCallInput(agent="a", run_id="run-1", messages=messages))
+    [call] = read_model_calls(tmp_path)["run-1"]
+    assert (call.turn, call.temporal_run_id) == (1, "")  # outside an activity: no Temporal run
+    [credit] = call.calls("issue_credit")
+    assert (credit.tool_call_id, credit.turn, credit.took_effect) == ("call_1_0", 0, True)
+    assert (credit.credit_id, credit.reused_from) == ("cr_1", "call_0_9")
+
+
+async def test_a_gated_turn_says_it_waits_and_goes_on_once_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MARKERS_ENV, str(tmp_path))
+    await asyncio.wait_for(wait_at_turn("run-1", 2), 1)  # no gate: nothing waits
+    close_turn(tmp_path, "run-1", 2)
+    waiting = asyncio.create_task(wait_at_turn("run-1", 2))
+    while not turn_reached(tmp_path, "run-1", 2):
+        await asyncio.sleep(0.01)
+    assert not waiting.done()
+    open_turn(tmp_path, "run-1", 2)
+    await asyncio.wait_for(waiting, 1)
+    leave_to_operator(tmp_path, "run-1", "call_1_0")
+    assert left_to_operator("run-1", "call_1_0") and not left_to_operator("run-1", "call_2_0")
+
+
+def _conversation(
+    plan: PlannedRun, temporal: str, asks: Sequence[tuple[str, dict[str, Any] | None]]
+) -> ModelCall:
+    """The conversation of a two-credit run: the lookup, then one credit per answer, each told."""
+    amount = _amount(plan, ORIGINAL_CALL)
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "{}"},
+        {"role": "assistant", "tool_calls": [{"id": "call_0_0", "name": "lookup_order", "arguments": {}}]},
+        {"role": "tool", "tool_call_id": "call_0_0", "name": "lookup_order", "content": '{"ok": true}'},
+    ]
+    for call, told in asks:
+        arguments = {"account_id": plan.account_id, "amount_cents": amount}
+        messages.append(
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": call, "name": "issue_credit", "arguments": arguments}],
+            }
+        )
+        if told is not None:
+            messages.append(
+                {"role": "tool", "tool_call_id": call, "name": "issue_credit", "content": json.dumps(told)}
+            )
+    return ModelCall(plan.run_id, temporal, 1 + len(asks), messages)
+
+
+def _took(credit: str, reused_from: str | None = None) -> dict[str, Any]:
+    return {
+        "ok": True,
+        "result": {"credit_id": credit},
+        **({"reused_from": reused_from} if reused_from else {}),
+    }
+
+
+FAILED = {"ok": False, "took_effect": False, "reason": "not_applied"}
+
+
+def _credit_row(plan: PlannedRun, call: str, status: str, reused_from: str | None = None) -> dict[str, Any]:
+    return {**_row(plan, call, status), "reused_from": reused_from and plan.key(reused_from)}
+
+
+def check_downstream(plan: PlannedRun, credits: dict[str, str]) -> Downstream:
+    """Billing with these credits (id -> key), each key received once."""
+    applied = [
+        AppliedCredit(key, plan.account_id, _amount(plan, ORIGINAL_CALL), credit)
+        for credit, key in credits.items()
+    ]
+    received = dict(Counter(credits.values()))
+    return Downstream(received, received, {}, applied)
+
+
+def test_a_conflict_run_whose_retry_was_handed_the_first_credit_passes_and_one_sent_again_fails() -> None:
+    [plan] = plan_runs(1, seed=1, only=("conflict",))
+    walk = Walk(plan.run_id, "conflict", late_report="cr_1", acknowledged=True)
+    at_retry = _conversation(plan, "t1", [(FIRST_CREDIT, FAILED)])
+    rows = [
+        _credit_row(plan, FIRST_CREDIT, "completed"),
+        _credit_row(plan, RETRY_CREDIT, "completed", FIRST_CREDIT),
+    ]
+    # The run reports the first credit as it told the model: failed (the acknowledgement came later).
+    rows_told = [{**rows[0], "status": "failed"}, rows[1]]
+    good = _conversation(plan, "t1", [(FIRST_CREDIT, FAILED), (RETRY_CREDIT, _took("cr_1", FIRST_CREDIT))])
+    end = _completed(rows_told)
+    end.temporal_run_id = "t1"
+    check = check_run(
+        plan, end, rows, check_downstream(plan, {"cr_1": plan.key(FIRST_CREDIT)}), [at_retry, good], walk
+    )
+    assert check.problems == [] and check.path is not None and check.path.walked
+    assert [(i.calls, i.applied) for i in check.intents] == [([FIRST_CREDIT, RETRY_CREDIT], 1)]
+
+    # The retry sent while the conflict was open: two credits for the one intent, and the retry told
+    # its own credit, not the first's.
+    sent = _conversation(plan, "t1", [(FIRST_CREDIT, FAILED), (RETRY_CREDIT, _took("cr_2"))])
+    rows[1]["reused_from"] = None
+    credits = {"cr_1": plan.key(FIRST_CREDIT), "cr_2": plan.key(RETRY_CREDIT)}
+    end = _completed(rows_told)
+    end.temporal_run_id = "t1"
+    check = check_run(plan, end, rows, check_downstream(plan, credits), [at_retry, sent], walk)
+    assert {INTENT_INVARIANT, TOLD_INVARIANT} <= set(_flagged(check.problems)), check.problems
+    assert check.path is not None and not check.path.walked and check.path.told_another_result == 1
+    assert [(i.calls, i.applied) for i in check.intents] == [([FIRST_CREDIT, RETRY_CREDIT], 2)]
+
+
+def _reset_run(plan: PlannedRun, told: list[tuple[str, dict[str, Any]]], credits: dict[str, str]) -> RunCheck:
+    """A run reset to before its first credit turn after it had paid c_a and c_b; its new run asked
+    r1 and r2, told as given."""
+    plan.condition = {"moment": "done", "turn": 1}
+    walk = Walk(plan.run_id, "reset", reset_from="t1", reset_to="t2")
+    rows = [_credit_row(plan, call, "completed") for call in ("c_a", "c_b")]
+    rows += [_credit_row(plan, call, "completed", t.get("reused_from")) for call, t in told]
+    end = _completed(rows[2:])
+    end.temporal_run_id = "t2"
+    old = _conversation(plan, "t1", [("c_a", _took("cr_a")), ("c_b", _took("cr_b"))])
+    new = _conversation(plan, "t2", told)
+    return check_run(plan, end, rows, check_downstream(plan, credits), [old, new], walk)
+
+
+def test_reissues_after_a_reset_must_each_be_told_their_own_original_and_nothing_paid_untold() -> None:
+    [plan] = plan_runs(1, seed=1, only=("reset",))
+    paid = {"cr_a": plan.key("c_a"), "cr_b": plan.key("c_b")}
+    check = _reset_run(plan, [("r1", _took("cr_a", "c_a")), ("r2", _took("cr_b", "c_b"))], paid)
+    assert check.problems == [] and check.path is not None and check.path.walked
+    assert check.path.reissues == [plan.key("r1"), plan.key("r2")] == check.path.reused
+
+    # Both re-issues handed the first credit: one credit id told twice, the second paid and untold.
+    check = _reset_run(plan, [("r1", _took("cr_a", "c_a")), ("r2", _took("cr_a", "c_a"))], paid)
+    assert check.path is not None and (check.path.credit_ids_told_twice, check.path.untold_credits) == (1, 1)
+    assert {INTENT_INVARIANT, TOLD_INVARIANT} <= set(_flagged(check.problems)), check.problems
+
+    # The second re-issue sent again under its new key: three credits for the two the model asked.
+    sent = {**paid, "cr_c": plan.key("r2")}
+    check = _reset_run(plan, [("r1", _took("cr_a", "c_a")), ("r2", _took("cr_c"))], sent)
+    assert check.path is not None and check.path.untold_credits == 1 and check.path.sent == [plan.key("r2")]
+    assert INTENT_INVARIANT in _flagged(check.problems) and max(i.applied for i in check.intents) == 2
+
+    # Handed the other original's credit: told a credit that is not its own original's.
+    check = _reset_run(plan, [("r1", _took("cr_b", "c_a")), ("r2", _took("cr_a", "c_b"))], paid)
+    assert check.path is not None and check.path.told_another_result == 2
+    assert set(_flagged(check.problems)) == {TOLD_INVARIANT}

@@ -27,7 +27,13 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 @pytest.fixture
 def dev_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
-    ports = {"temporal": free_port(), "ui": free_port(), "billing": free_port(), "api": free_port()}
+    ports = {
+        "temporal": free_port(),
+        "ui": free_port(),
+        "billing": free_port(),
+        "api": free_port(),
+        "metrics": free_port(),
+    }
     data_dir = tmp_path / "stack"
     env = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", "ONCEFLOW_DATABASE_URL")}
     command = [
@@ -43,6 +49,8 @@ def dev_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
         str(ports["billing"]),
         "--api-port",
         str(ports["api"]),
+        "--api-metrics-port",
+        str(ports["metrics"]),
     ]
     log_path = tmp_path / "dev.log"
     with log_path.open("wb") as log:
@@ -60,6 +68,7 @@ def dev_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
         "ONCEFLOW_DATABASE_URL": info["database_url"],
         "ONCEFLOW_BILLING_URL": info["billing_url"],
         "ONCEFLOW_API": info["api_url"],
+        "API_METRICS_URL": info["api_metrics_url"],
         "UI_URL": info["ui_url"],
         "DATA_DIR": str(data_dir),
         "COMMAND": json.dumps(command),
@@ -193,6 +202,45 @@ def test_readme_walkthrough_against_onceflow_dev(dev_stack: dict[str, str]) -> N
     shown = httpx.get(f"{api}/v1/tool-executions/refund-1001:call_1_0", headers=headers).json()
     assert (shown["status"], shown["settled_by"]) == ("completed", "signal:alice")
     assert httpx.get(f"{api}/v1/tool-executions").status_code == 401
+    # Prometheus reads the queue on the API's own metrics listener, not on the console's port.
+    assert httpx.get(f"{api}/metrics").status_code == 404
+    scraped = httpx.get(env["API_METRICS_URL"])
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+
+    # A signal with an operator assertion, as the README sends one (onceflow dev's door is open, and
+    # it checks an assertion that comes anyway): recorded as the operator the API named.
+    httpx.put(
+        f"{billing}/faults/accounts/acct_1002", json={"mode": "apply_then_hang", "times": 1}
+    ).raise_for_status()
+    start_1002 = [part.replace("1001", "1002") for part in start.args]
+    assert subprocess.run(start_1002, capture_output=True, text=True, timeout=60, env=env).returncode == 0
+    describe_1002 = [part.replace("refund-1001", "refund-1002") for part in describe]
+    deadline = time.monotonic() + 30
+    while (
+        '"awaiting_reconciliation"'
+        not in subprocess.run(describe_1002, capture_output=True, text=True, env=env).stdout
+    ):
+        assert time.monotonic() < deadline, "the second run never paused for reconciliation"
+        time.sleep(0.5)
+    block = readme_block("### Signals from outside the API", "sh").replace("refund-1001", "refund-1002")
+    block = block.replace(".venv/bin/", f"{BIN}/").replace(
+        "--name resolve", f"--name resolve --address {env['TEMPORAL_ADDRESS']}"
+    )
+    asserted = subprocess.run(
+        ["sh", "-ec", block],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "ONCEFLOW_TOKEN": created.stdout.strip()},
+    )
+    assert asserted.returncode == 0, asserted.stderr
+    deadline = time.monotonic() + 30
+    while (shown := httpx.get(f"{api}/v1/tool-executions/refund-1002:call_1_0", headers=headers).json())[
+        "status"
+    ] != "completed":
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.3)
+    assert shown["settled_by"] == "signal:alice"
 
     # The console, with the same token: the call's page links the run to this stack's Temporal UI.
     with httpx.Client(base_url=api, timeout=30) as browser:
@@ -232,6 +280,8 @@ async def test_onceflow_dev_uses_the_temporal_and_database_it_is_given(
         str(free_port()),
         "--api-port",
         str(free_port()),
+        "--api-metrics-port",
+        "0",
         # Ports it must not need: nothing may listen on them.
         "--temporal-port",
         str(unused_temporal := free_port()),

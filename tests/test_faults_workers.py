@@ -145,7 +145,7 @@ async def test_lost_answers_leave_calls_unknown_until_reconcile_can_hear_the_tru
     async def reconcile_kept_trying() -> bool:
         # Every POST's answer is lost now, so each fence request billing received was one lost answer.
         fences = [
-            (await billing.received_counts("POST", f"/credits/by-key/{key}/fence")).total
+            (await billing.received_counts("POST", f"/idempotency-keys/{key}/fence")).total
             for _, key in stack.runs
         ]
         return all(n >= 2 for n in fences)

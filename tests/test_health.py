@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
@@ -164,10 +165,15 @@ async def test_the_api_probe_fails_while_nothing_answers_at_its_url(
     assert problem is not None and problem.startswith(f"the API at {url} does not answer")
 
 
+@pytest.mark.parametrize("https", [False, True], ids=["http", "https"])
 async def test_onceflow_health_passes_while_the_api_serves_and_fails_once_it_stopped(
-    temporal_env: WorkflowEnvironment, database_url: str, tmp_path: Path
+    temporal_env: WorkflowEnvironment, database_url: str, tmp_path: Path, https: bool
 ) -> None:
+    """Over HTTPS too (`--tls-cert`/`--tls-key`): the probe reaches the process's own listener,
+    whose certificate names the host browsers use, and its metrics listener serves beside it."""
+    from onceflow.api.options import ApiOptions
     from onceflow.api.server import serve
+    from tests.support.tls import self_signed
 
     health = tmp_path / "api-health.json"
     settings = Settings(
@@ -179,7 +185,12 @@ async def test_onceflow_health_passes_while_the_api_serves_and_fails_once_it_sto
         health_file=str(health),
     )
     stop = asyncio.Event()
-    api = asyncio.create_task(serve(settings, host="127.0.0.1", port=free_port(), stop=stop))
+    tls = self_signed(tmp_path / "tls", "console.example.test") if https else None
+    port, metrics_port = free_port(), free_port()
+    options = ApiOptions(metrics_port=metrics_port)
+    api = asyncio.create_task(
+        serve(settings, host="127.0.0.1", port=port, stop=stop, options=options, tls=tls)
+    )
     try:
         deadline = time.monotonic() + 30
         while heartbeat_problem(health) is not None:
@@ -188,6 +199,11 @@ async def test_onceflow_health_passes_while_the_api_serves_and_fails_once_it_sto
             await asyncio.sleep(0.2)
         code, output = await onceflow_health(health)
         assert (code, output.strip()) == (0, "healthy")
+        async with httpx.AsyncClient(verify=False, timeout=10) as http:
+            scheme = "https" if https else "http"
+            assert (await http.get(f"{scheme}://127.0.0.1:{port}/healthz")).status_code == 200
+            assert (await http.get(f"{scheme}://127.0.0.1:{port}/metrics")).status_code == 404
+            assert (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).status_code == 200
     finally:
         stop.set()
         await asyncio.wait_for(api, 60)

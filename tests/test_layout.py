@@ -11,7 +11,8 @@ that matches a module decides its plane, so a module can sit below the rest of i
 
     cli          the `onceflow` command, also as `python -m onceflow` (and `onceflow mcp inspect`, which
                  lives beside the MCP code)
-    services     the operator API, the crash drill, the billing example: processes beside the worker
+    services     the operator API, the crash drill, the billing example: processes beside the worker;
+                 the receiver kit (onceflow.receiver), a library for such services
     runtime      the worker process and what it starts with; the embedded local stack; the
                  framework adapters (their workflows host onceflow's write protocol)
     workflows    Temporal workflows: they order activities and decide nothing from the outside world
@@ -38,7 +39,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "onceflow"
 # From the top plane down.
 PLANES: list[tuple[str, list[str]]] = [
     ("cli", ["onceflow.cli", "onceflow.__main__", "onceflow.mcp.inspect"]),
-    ("services", ["onceflow.api", "onceflow.drill", "onceflow.examples"]),
+    ("services", ["onceflow.api", "onceflow.drill", "onceflow.examples", "onceflow.receiver"]),
     ("runtime", ["onceflow.runtime", "onceflow.local", "onceflow.adapters"]),
     ("workflows", ["onceflow.workflows"]),
     ("activities", ["onceflow.activities"]),

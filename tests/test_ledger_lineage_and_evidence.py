@@ -4,6 +4,7 @@ needs. Real PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
 from onceflow.ledger import (
@@ -12,6 +13,7 @@ from onceflow.ledger import (
     FailureKind,
     HeldCallError,
     Ledger,
+    OwnerLeaseLiveError,
     ReasonRequiredError,
     Reservation,
     Status,
@@ -166,3 +168,36 @@ async def test_only_a_settlement_with_evidence_releases_the_amount_for_a_new_cal
     assert released.may_send and released.record.status is Status.STARTED, released
     settled = (await ledger.get(first.record.key)).events[-1]
     assert settled.evidence == {"processor_query": "refunds?order=ord_cap", "found": 0}
+
+
+async def lease_ended(database_url: str, key: str) -> None:
+    """End the owner's lease on `key`, in this test's own database (no API sets a time)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "UPDATE tool_executions SET lease_expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE key = $1",
+            key,
+        )
+    finally:
+        await conn.close()
+
+
+async def test_the_reconciler_may_not_say_not_there_while_the_owners_request_may_still_land(
+    ledger: Ledger, database_url: str
+) -> None:
+    """The owner timed out and said "unknown" within its lease: its request may still land. A lookup
+    that finds nothing then proves nothing, so the reconciler's `failed` is refused until the lease
+    ends; its `completed` (the effect is there) is not. (Found by the model of issue 40, F1.)"""
+    blocker, _ = await unknown_refund_and_a_held_repeat(ledger)
+    settle = {
+        "actor": "reconciler",
+        "reason": "lookup",
+        "source": EventSource.RECONCILER,
+        "after_owner_lease": True,
+    }
+    with pytest.raises(OwnerLeaseLiveError):
+        await ledger.settle(blocker, status=Status.FAILED, **settle)  # type: ignore[arg-type]
+    assert (await ledger.get(blocker)).status is Status.INDETERMINATE
+    await lease_ended(database_url, blocker)
+    assert (await ledger.settle(blocker, status=Status.FAILED, **settle)).status is Status.FAILED  # type: ignore[arg-type]

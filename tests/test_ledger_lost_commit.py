@@ -18,6 +18,7 @@ from onceflow.ledger import (
     SideEffect,
     Status,
 )
+from onceflow.ledger.records import RepeatedDecision
 from tests.support.pg_proxy import AnswerDroppingProxy
 
 ARGUMENTS = {"account_id": "acct_1", "amount_cents": 500}
@@ -99,7 +100,7 @@ async def test_settle_repeated_by_the_same_actor_is_not_refused(ledger: Ledger) 
     first = await ledger.settle(key, **decision)  # type: ignore[arg-type]
     again = await ledger.settle(key, **decision)  # type: ignore[arg-type]
 
-    assert again == first
+    assert isinstance(again, RepeatedDecision) and again.model_dump() == first.model_dump()
     assert await kinds(ledger, key) == ["reserved", "indeterminate", "settled"]
     # Anything else than the very same decision is a second decision, and refused.
     for change in ({"actor": "operator:bob"}, {"reason": "found it again"}, {"status": Status.FAILED}):
@@ -110,14 +111,16 @@ async def test_settle_repeated_by_the_same_actor_is_not_refused(ledger: Ledger) 
 async def test_approve_and_deny_repeated_by_the_same_actor_are_not_refused(ledger: Ledger) -> None:
     approved = await started(ledger, approval=True)
     first = await ledger.approve(approved, actor="operator:alice", reason="ok")
-    assert await ledger.approve(approved, actor="operator:alice", reason="ok") == first
+    repeated = await ledger.approve(approved, actor="operator:alice", reason="ok")
+    assert isinstance(repeated, RepeatedDecision) and repeated.model_dump() == first.model_dump()
     with pytest.raises(AlreadySettledError):
         await ledger.approve(approved, actor="operator:bob")
     assert await kinds(ledger, approved) == ["reserved", "approved"]
 
     denied = await started(ledger, approval=True)
     first = await ledger.deny(denied, actor="operator:bob", reason="too much")
-    assert await ledger.deny(denied, actor="operator:bob", reason="too much") == first
+    repeated = await ledger.deny(denied, actor="operator:bob", reason="too much")
+    assert isinstance(repeated, RepeatedDecision) and repeated.model_dump() == first.model_dump()
     with pytest.raises(AlreadySettledError):
         await ledger.deny(denied, actor="operator:bob", reason="changed my mind")
     assert await kinds(ledger, denied) == ["reserved", "denied"]

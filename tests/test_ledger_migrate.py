@@ -276,6 +276,7 @@ HASHED_COLUMNS = [
     ("tool_executions", "payload_sha256"),
     ("conversation_messages", "sha256"),
     ("operator_tokens", "token_sha256"),
+    ("console_sessions", "id_sha256"),
 ]
 NOT_A_SHA256 = [
     "",

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from onceflow.activities.ledger_steps import LedgerActivities
 from onceflow.ledger import (
     AttemptExpiredError,
     CallIdentity,
@@ -27,6 +28,7 @@ from onceflow.ledger import (
 )
 from onceflow.ledger.base import KEEPALIVES
 from onceflow.local.postgres import create_database, drop_database
+from onceflow.sdk.payloads import CallRef
 from tests.support.ledger_guards import CREDIT, reserve, run_id
 
 PAST = datetime(2000, 1, 1, tzinfo=UTC)
@@ -163,3 +165,32 @@ async def test_ledger_connections_run_read_committed_with_keepalives(ledger: Led
     assert isolation == "read committed"
     for name in KEEPALIVES:
         assert settings[name][1] == "session", f"{name} is not set by the ledger"
+
+
+async def test_inspecting_a_call_reserved_by_an_attempt_whose_answer_was_lost_releases_it(
+    ledger: Ledger,
+) -> None:
+    """Attempt 1 reserved and lost the answer; attempt 2, which knew it, died before reserving. The
+    run's inspection, told attempt 1's token, finds the call `started` under it: never sent, so it
+    is released as not attempted and the run sends it again (found by the model of issue 40, F2).
+    Under any other owner a call inside its lease is left alone."""
+    steps = LedgerActivities(ledger)
+    lost, other = _identity("c1"), _identity("c2")
+    for call, owner in ((lost, "attempt-1"), (other, "attempt-9")):
+        await ledger.reserve(
+            call,
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments=CREDIT,
+            owner=owner,
+            lease=timedelta(minutes=1),
+            guard=Guard(),
+        )
+    ref = CallRef(key=lost.key, tool="issue_credit", tool_call_id="c1", unsent_owners=["attempt-1"])
+    assert await steps.inspect_call(ref) is None
+    released = await ledger.get(lost.key)
+    assert (released.status, released.failure_kind) == (Status.FAILED, FailureKind.NOT_ATTEMPTED)
+    untouched = await steps.inspect_call(
+        CallRef(key=other.key, tool="issue_credit", tool_call_id="c2", unsent_owners=["attempt-1"])
+    )
+    assert untouched is not None and untouched.status is Status.STARTED

@@ -19,7 +19,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from onceflow.examples.billing.store import BillingStore
+from onceflow.examples.billing_mcp.store import BillingStore
 from onceflow.ledger import Ledger, Status
 from onceflow.mcp.runtime import McpToolsets
 from onceflow.runtime.agents import AgentRegistry

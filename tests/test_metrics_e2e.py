@@ -98,8 +98,10 @@ class Scraped:
 @pytest.fixture(scope="module")
 async def scraped(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Scraped]:
     data_dir = tmp_path_factory.mktemp("metrics-stack")
-    worker_port, sdk_port, api_port = free_port(), free_port(), free_port()
-    config = StackConfig(data_dir, free_port(), free_port(), free_port(), api_port)
+    worker_port, sdk_port, api_port, api_metrics_port = free_port(), free_port(), free_port(), free_port()
+    config = StackConfig(
+        data_dir, free_port(), free_port(), free_port(), api_port, api_metrics_port=api_metrics_port
+    )
     with pytest.MonkeyPatch.context() as env:
         for name in ("TEMPORAL_ADDRESS", "ONCEFLOW_DATABASE_URL"):
             env.delenv(name, raising=False)
@@ -128,7 +130,10 @@ async def scraped(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Scr
                         assert report.ok, report.problems
                     await _leave_the_queue_busy(demo)
                     async with httpx.AsyncClient(timeout=10) as plain:  # no token: Prometheus has none
-                        api_text = (await plain.get(f"{info.api_url}/metrics")).text
+                        # Not on the console's port: on the API's own metrics listener.
+                        assert (await plain.get(f"{info.api_url}/metrics")).status_code == 404
+                        assert info.api_metrics_url == f"http://127.0.0.1:{api_metrics_port}/metrics"
+                        api_text = (await plain.get(info.api_metrics_url)).text
                         worker_text = (await plain.get(f"http://127.0.0.1:{worker_port}/metrics")).text
                         sdk_text = (await plain.get(f"http://127.0.0.1:{sdk_port}/metrics")).text
             finally:
@@ -230,6 +235,6 @@ def test_metrics_reveal_no_payload_key_or_token(scraped: Scraped) -> None:
 
 def test_the_compose_stack_scrapes_the_api_the_worker_and_the_sdk() -> None:
     config = (ROOT / "deploy/prometheus/prometheus.yml").read_text()
-    for target in ("operator-api:8082", "port: 9464", "port: 9465"):
+    for target in ("operator-api:9466", "port: 9464", "port: 9465"):
         assert target in config
     assert os.path.basename(ALERTS) in config

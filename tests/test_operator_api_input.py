@@ -150,4 +150,5 @@ async def test_an_identical_repeat_of_a_decision_gets_200_and_no_new_event_a_dif
     assert first.status_code == again.status_code == 200, (first.text, again.text)
     assert len((await ledger.get(keys[0])).events) == events
     assert again.json()["execution"]["status"] == "completed"
+    assert (first.json()["repeated"], again.json()["repeated"]) == (False, True)
     assert _problem(other, 409)["type"] == "urn:onceflow:problem:conflict"

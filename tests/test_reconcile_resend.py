@@ -26,7 +26,7 @@ from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import FailureKind, Ledger, Status, ToolExecutionRecord
 from onceflow.runtime.agents import build_registry
 from tests.support.operator_api import serving_api
-from tests.support.processes import ChildProcesses, start_billing_service
+from tests.support.processes import ChildProcesses, billing_database, start_billing_service
 from tests.support.receiver_tools import CLOSED_WINDOW, FAULTS_BY_KEY, HOOK_ASKED
 from tests.support.waiting import eventually
 from tests.workflow_harness import Harness, running_worker
@@ -74,13 +74,16 @@ AGENTS = {
 
 
 @pytest.fixture(scope="module")
-async def dedup_billing_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def dedup_billing_url(
+    tmp_path_factory: pytest.TempPathFactory, postgres_dsn: str
+) -> AsyncIterator[str]:
     directory: Path = tmp_path_factory.mktemp("billing-dedup")
     processes = ChildProcesses(directory)
-    try:
-        yield await start_billing_service(processes, directory / "billing.sqlite3", dedup=True)
-    finally:
-        processes.close()
+    async with billing_database(postgres_dsn) as database_url:
+        try:
+            yield await start_billing_service(processes, database_url, dedup=True)
+        finally:
+            processes.close()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ command, as a process, against a real PostgreSQL database.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -68,3 +69,41 @@ async def test_the_readme_export_line_holds_a_token_that_authenticates(
     token = await OperatorTokens(ledger).authenticate(stdout)
     assert token is not None and token.tenant == "acme"
     assert "shown once" in stderr
+
+
+async def test_data_dir_finds_the_dev_stack_running_there_like_run_start(
+    database_url: str, ledger: Ledger, tmp_path: Path
+) -> None:
+    """`--data-dir` names the folder of a running `onceflow dev` (its stack.json); from any other
+    directory, with no ONCEFLOW_DATABASE_URL, the token lands in that stack's ledger."""
+    stack = tmp_path / "elsewhere" / "state"
+    stack.mkdir(parents=True)
+    info = {
+        "temporal_address": "127.0.0.1:1",
+        "namespace": "default",
+        "task_queue": "onceflow",
+        "database_url": database_url,
+        "billing_url": "http://127.0.0.1:1",
+        "ui_url": None,
+        "api_url": None,
+        "pid": os.getpid(),  # alive: this test's own process stands in for `onceflow dev`
+    }
+    (stack / "stack.json").write_text(json.dumps(info))
+    env = {k: v for k, v in os.environ.items() if k != "ONCEFLOW_DATABASE_URL"}
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    command = [str(ONCEFLOW), "tokens", "create", "--tenant", "acme", "--operator", "dora"]
+    for extra, expected in (([], 2), (["--data-dir", str(stack)], 0)):
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            *extra,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=elsewhere,
+        )
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+        assert process.returncode == expected, stderr.decode()
+    assert "no `onceflow dev` runs on" not in stderr.decode()
+    token = await OperatorTokens(ledger).authenticate(stdout.decode().strip())
+    assert token is not None and (token.tenant, token.operator) == ("acme", "dora")

@@ -135,6 +135,8 @@ class WriteSends(WriteCallState):
                         retry_policy=LEDGER_RETRY,
                         summary=f"record outcome {ref.key}",
                     )
+                if attempt_input.unsent_owners:  # a reservation of theirs was never sent
+                    ref = ref.model_copy(update={"unsent_owners": attempt_input.unsent_owners})
                 found = await self._inspect(ref)
                 if found is not None:
                     return found

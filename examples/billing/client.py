@@ -6,6 +6,8 @@ What an exception means for the effect:
     BillingPolicyRefused (a problem type under `…/problems/policy/`, e.g. 403 credit-limit): a
         refusal on policy grounds; nothing was applied, and asking again will not change it.
     BillingNotFound (404): the thing asked for does not exist.
+    BillingKeyInProgress (from `fence_key`): a request with the key is being handled right now; ask
+        again later.
     BillingUnavailable (5xx): this service's own 503 applies nothing, but in general a 5xx from a
         gateway can hide an applied effect; the caller decides.
     httpx.TimeoutException, httpx.TransportError (e.g. RemoteProtocolError on a dropped connection):
@@ -32,6 +34,7 @@ from onceflow.examples.billing.models import (
     ReceivedCounts,
 )
 from onceflow.examples.billing.policy import POLICY_PROBLEM_PREFIX
+from onceflow.receiver import key_header_value
 
 
 class BillingError(Exception):
@@ -81,6 +84,12 @@ class BillingPolicyRefused(BillingError):
     """The service will not do this on policy grounds (e.g. above the authorization limit); final."""
 
     status_code = 403
+
+
+class BillingKeyInProgress(BillingError):
+    """The fence found a request with the key in progress: nothing was decided, ask again."""
+
+    status_code = 409
 
 
 class BillingUnavailable(BillingError):
@@ -177,7 +186,8 @@ class BillingClient:
 
         `fault` (and `fault_delay`, seconds) ask this one request to misbehave (X-Fault headers).
         """
-        headers = {"Idempotency-Key": idempotency_key}
+        # The draft's header is a Structured Field string: the key travels in double quotes.
+        headers = {"Idempotency-Key": key_header_value(idempotency_key)}
         if fault is not None:
             headers["X-Fault"] = str(fault)
         if fault_delay is not None:
@@ -197,17 +207,33 @@ class BillingClient:
         _raise_for_status(response)
         return Credit.model_validate(response.json()).model_dump(mode="json")
 
-    async def fence_key(self, idempotency_key: str) -> dict[str, Any] | None:
-        """The credit for `key` if it landed; otherwise fence the key so it never can, and return None."""
-        response = await self._http.post(f"/credits/by-key/{_segment(idempotency_key)}/fence")
+    async def lookup_key(self, idempotency_key: str) -> dict[str, Any]:
+        """The receiver kit's lookup: `{"key", "state": completed|in_progress|fenced|absent,
+        "response"?: {"status", "headers", "body"}}`. Read-only."""
+        response = await self._http.get(f"/idempotency-keys/{_segment(idempotency_key)}")
         _raise_for_status(response)
-        credit = response.json()["credit"]
-        return None if credit is None else Credit.model_validate(credit).model_dump(mode="json")
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    async def fence_key(self, idempotency_key: str) -> dict[str, Any] | None:
+        """The credit for `key` if it landed; otherwise fence the key so it never can, and return
+        None. Raises BillingKeyInProgress while a request with the key is being handled."""
+        response = await self._http.post(f"/idempotency-keys/{_segment(idempotency_key)}/fence")
+        _raise_for_status(response)
+        answer = response.json()
+        if answer["state"] == "in_progress":
+            raise BillingKeyInProgress(
+                f"a request with key {idempotency_key!r} is in progress", problem=answer
+            )
+        if answer["state"] == "fenced":
+            return None
+        return Credit.model_validate(answer["response"]["body"]).model_dump(mode="json")
 
     async def void_credit(self, credit_id: str, *, idempotency_key: str) -> Credit:
         """Void a credit (compensation); voiding again returns the same voided credit."""
         response = await self._http.post(
-            f"/credits/{_segment(credit_id)}/void", headers={"Idempotency-Key": idempotency_key}
+            f"/credits/{_segment(credit_id)}/void",
+            headers={"Idempotency-Key": key_header_value(idempotency_key)},
         )
         _raise_for_status(response)
         return Credit.model_validate(response.json())

@@ -1,4 +1,14 @@
-"""The credit routes: apply once per idempotency key, look up by key, void, and misbehave on cue."""
+"""The credit routes, on the receiver kit's transactional form: apply once per idempotency key, look
+up by key, void, and misbehave on cue.
+
+A credit is inserted on the connection of the kit's keyed transaction and answered with
+`keyed.respond()`, which records the answer with the key and commits both: the credit exists if and
+only if its key is recorded. What the kit answers before the route runs (onceflow/receiver): a
+missing or bad key 400, a key reused for another body 422, a key in progress 409 (Retry-After), a
+key fenced by a reconciler 409 `key-fenced`, and a key that completed before: its first answer again
+(`Idempotent-Replayed: true`), without meeting a fault. A refusal the route raises (the policy
+limit, a fault's 422/423/503) rolls back and records nothing, so the key can still apply later.
+"""
 
 from __future__ import annotations
 
@@ -16,17 +26,26 @@ with needs_extra("api"):
 from onceflow.examples.billing.faults import FAULT_DELAY_HEADER, FAULT_HEADER, Fault, FaultBook
 from onceflow.examples.billing.models import Credit, CreditRequest, FaultMode
 from onceflow.examples.billing.policy import CREDIT_LIMIT_SLUG, DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
-from onceflow.examples.billing.problems import Problem
+from onceflow.examples.billing.problems import TYPE_BASE, Problem
 from onceflow.examples.billing.received import mark_unanswered, received_id
 from onceflow.examples.billing.serving import ABORT_EXTENSION
-from onceflow.examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced, RecordedAnswer
-
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-REPLAYED_HEADER = "Idempotent-Replayed"
-MAX_KEY_LENGTH = 255
+from onceflow.examples.billing.store import BillingStore
+from onceflow.receiver import REPLAYED_HEADER
+from onceflow.receiver.fastapi import KeyedRequest, Receiver
 
 # uvicorn's own logger, so demos see fault lines next to the access log without extra logging setup.
 log = logging.getLogger("uvicorn.error")
+
+
+def client_scope(client: Annotated[str | None, Header(alias="X-Billing-Client")] = None) -> str:
+    """The scope of every key: the caller's client id. The example has no authentication; a real
+    service returns the tenant its own authentication found (and answers 401 without one)."""
+    return client or "default"
+
+
+# The kit, once for every app of this module; each app opens its own key store (service.py).
+receiver = Receiver(scope=client_scope, problem_base=TYPE_BASE)
+Keyed = Annotated[KeyedRequest, receiver.depends()]
 
 
 @dataclass
@@ -36,6 +55,7 @@ class BillingState:
     store: BillingStore
     faults: FaultBook = field(default_factory=FaultBook)
     credit_limit_cents: int = DEFAULT_CREDIT_LIMIT_CENTS
+    dedup: bool = True
 
 
 def billing_state(request: Request) -> BillingState:
@@ -45,25 +65,8 @@ def billing_state(request: Request) -> BillingState:
 
 
 State = Annotated[BillingState, Depends(billing_state)]
-KeyHeader = Annotated[str | None, Header(alias=IDEMPOTENCY_HEADER)]
 
 router = APIRouter(tags=["credits"])
-
-
-def require_key(key: str | None) -> str:
-    """The Idempotency-Key header's value, or a 400 problem: writes here are never keyless."""
-    if key is None or not key.strip():
-        raise Problem(
-            400, "missing-idempotency-key", "Missing Idempotency-Key", "send an Idempotency-Key header"
-        )
-    if len(key) > MAX_KEY_LENGTH:
-        raise Problem(400, "invalid-idempotency-key", "Invalid Idempotency-Key", "at most 255 characters")
-    return key
-
-
-def _answer(answer: RecordedAnswer) -> JSONResponse:
-    headers = {REPLAYED_HEADER: "true"} if answer.replayed else None
-    return JSONResponse(answer.body, status_code=answer.status_code, headers=headers)
 
 
 @router.post("/credits", status_code=201, response_model=Credit)
@@ -71,7 +74,7 @@ async def create_credit(
     request: Request,
     body: CreditRequest,
     state: State,
-    idempotency_key: KeyHeader = None,
+    keyed: Keyed,
     fault_mode: Annotated[FaultMode | None, Header(alias=FAULT_HEADER)] = None,
     fault_delay: Annotated[float | None, Header(alias=FAULT_DELAY_HEADER, ge=0)] = None,
 ) -> Response:
@@ -81,15 +84,6 @@ async def create_credit(
 
     With dedup off (`--no-dedup`) nothing is replayed: every request applies a new credit.
     """
-    key = require_key(idempotency_key)
-    # A replay never meets a fault: the effect already happened, and a payment API answers it from
-    # its record. Only new keys reach the fault (and spend one of an account fault's `times`).
-    try:
-        recorded = state.store.recorded_answer(key, body)
-    except IdempotencyConflict:
-        raise _conflict(key) from None
-    if recorded is not None:
-        return _answer(recorded)
     # Policy before faults: a credit the service will never make is refused whatever else happens.
     refusal = over_credit_limit(body.amount_cents, state.credit_limit_cents)
     if refusal is not None:
@@ -100,76 +94,50 @@ async def create_credit(
             refusal,
             limit_cents=state.credit_limit_cents,
         )
-
     # The request's own header wins over (and does not spend) an account fault.
     fault = Fault.of(fault_mode, fault_delay) if fault_mode else state.faults.take(body.account_id)
     if fault is not None:
         log.info(
-            "fault %s (delay %ss) for key %r on %s", fault.mode, fault.delay_seconds, key, body.account_id
+            "fault %s (delay %ss) for key %r on %s",
+            fault.mode,
+            fault.delay_seconds,
+            keyed.key,
+            body.account_id,
         )
         await _before_apply(fault)
-    try:
-        answer = state.store.apply_credit(key, body, received_id(request))
-    except IdempotencyConflict:
-        raise _conflict(key) from None
-    except KeyFenced:
-        raise Problem(
-            409,
-            "idempotency-key-fenced",
-            "Idempotency key fenced",
-            f"key {key!r} was fenced by a reconciler after it found no credit; nothing was applied",
-            idempotency_key=key,
-        ) from None
-    if fault is not None and not answer.replayed:
+    credit = await state.store.insert_credit(keyed.connection, keyed.key, body, received_id(request))
+    answer = await keyed.respond(credit.model_dump(mode="json"), status_code=201)
+    if fault is not None:
         await _after_apply(fault, request)
-    return _answer(answer)
+    return answer
 
 
 @router.get("/credits", response_model=list[Credit])
 async def list_credits(state: State, account_id: str | None = None) -> list[Credit]:
     """Every credit applied, oldest first (one account's with `?account_id=`): what was paid, by
     account and amount, whatever keys it came under."""
-    return state.store.credits(account_id)
+    return await state.store.credits(account_id)
 
 
 @router.get("/credits/by-key/{idempotency_key:path}", response_model=Credit)
 async def credit_by_key(idempotency_key: str, state: State) -> Credit:
-    """The credit applied for a key, in its current state: what a reconcile hook asks."""
-    credit = state.store.credit_by_key(idempotency_key)
+    """The credit applied for a key, in its current state."""
+    credit = await state.store.credit_by_key(idempotency_key)
     if credit is None:
         raise Problem(404, "credit-not-found", "No such credit", f"no credit for key {idempotency_key!r}")
     return credit
 
 
-@router.post("/credits/by-key/{idempotency_key:path}/fence")
-async def fence_key(idempotency_key: str, state: State) -> dict[str, object]:
-    """Prove absence for good: either the credit exists (returned), or the key can never apply now."""
-    credit = state.store.fence(idempotency_key)
-    if credit is not None:
-        return {"fenced": False, "credit": credit.model_dump(mode="json")}
-    return {"fenced": True, "credit": None}
-
-
 @router.post("/credits/{credit_id}/void", response_model=Credit)
-async def void_credit(credit_id: str, state: State, idempotency_key: KeyHeader = None) -> Response:
-    """Void a credit; voiding again answers the same voided credit (marked as a replay)."""
-    key = require_key(idempotency_key)
-    result = state.store.void_credit(credit_id, key)
+async def void_credit(credit_id: str, state: State, keyed: Keyed) -> Response:
+    """Void a credit; voiding again, under any key, answers the same voided credit (marked as a
+    replay). The same key again is the kit's replay."""
+    result = await state.store.void_credit(keyed.connection, credit_id, keyed.key)
     if result is None:
         raise Problem(404, "credit-not-found", "No such credit", f"no credit {credit_id!r}")
     credit, already_voided = result
     headers = {REPLAYED_HEADER: "true"} if already_voided else None
-    return JSONResponse(credit.model_dump(mode="json"), headers=headers)
-
-
-def _conflict(key: str) -> Problem:
-    return Problem(
-        409,
-        "idempotency-key-reused",
-        "Idempotency key reused with a different request",
-        f"key {key!r} was first used with a different body; nothing was applied",
-        idempotency_key=key,
-    )
+    return await keyed.respond(response=JSONResponse(credit.model_dump(mode="json"), headers=headers))
 
 
 async def _before_apply(fault: Fault) -> None:

@@ -1,9 +1,11 @@
 """The billing toolset: what the `billing-assistant` agent may do, declared with its side effects.
 
 - `lookup_order` reads; it is retried.
-- `issue_credit` moves money: one attempt, the ledger key sent as the Idempotency-Key, a reconcile
-  hook (`find_credit`) for when the answer is lost, and a compensation (`void_credit`) that runs only
-  when an operator asks.
+- `issue_credit` moves money: one attempt, the ledger key sent as the Idempotency-Key, and a
+  compensation (`void_credit`) that runs only when an operator asks. Billing is built on onceflow's
+  receiver kit, and the tool says so in one line (`receiver=BILLING_RECEIVER`): when the answer is
+  lost, onceflow asks billing's own record of the key (lookup, then fence) and settles the call
+  without anyone.
 """
 
 from __future__ import annotations
@@ -22,20 +24,24 @@ from onceflow import (
     ToolRejectedError,
     Toolset,
     external,
+    kit_receiver,
     read,
 )
 from onceflow.examples.billing.client import (
     BillingClient,
     BillingConflict,
+    BillingKeyInProgress,
     BillingLocked,
     BillingPolicyRefused,
     BillingRejected,
 )
+from onceflow.receiver import BadKeyError
 from onceflow.runtime.config import env
+from onceflow.sdk.tools import kit_problem_error
 
 CREDIT_TIMEOUT = timedelta(seconds=3)
-# The problem type billing answers for a key its reconciler fenced (see examples/billing/credits.py).
-KEY_FENCED_PROBLEM = "/idempotency-key-fenced"
+# Billing serves the receiver kit's reconcile protocol (GET/POST /idempotency-keys/...).
+BILLING_RECEIVER = kit_receiver(url_env="ONCEFLOW_BILLING_URL")
 
 billing = Toolset("billing")
 
@@ -53,10 +59,14 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
 
 
 async def find_credit(account_id: str, amount_cents: int, context: ToolContext) -> ReconcileOutcome:
-    """Did the credit for this call land? Fencing the key makes a "no" permanent, hence trustworthy:
-    billing then has no credit for the key and never will, which is what `ToolKeyNotFoundError` says."""
+    """A hand-written reconcile hook over billing's fence (what `receiver=BILLING_RECEIVER` does for
+    the example tools by itself). Fencing the key makes a "no" permanent, hence trustworthy: billing
+    then has no credit for the key and never will, which is what `ToolKeyNotFoundError` says."""
     async with _client() as client:
-        credit = await client.fence_key(context.idempotency_key)
+        try:
+            credit = await client.fence_key(context.idempotency_key)
+        except BillingKeyInProgress:
+            return ReconcileOutcome.unknown(source="billing fence", in_progress=True)
     if credit is None:
         raise ToolKeyNotFoundError(
             f"billing has no credit for key {context.idempotency_key!r} and has fenced it (billing fence)"
@@ -76,7 +86,7 @@ async def void_credit(record: ToolExecutionRecord, context: ToolContext) -> dict
     return voided.model_dump(mode="json")
 
 
-@billing.tool(external(timeout=CREDIT_TIMEOUT), reconcile=find_credit, compensation=void_credit)
+@billing.tool(external(timeout=CREDIT_TIMEOUT), receiver=BILLING_RECEIVER, compensation=void_credit)
 async def issue_credit(account_id: str, amount_cents: int, context: ToolContext) -> dict[str, Any]:
     """Credit an account, in cents. Sent once, with the call's idempotency key."""
     if amount_cents <= 0:
@@ -91,31 +101,38 @@ async def send_credit(
 ) -> dict[str, Any]:
     """POST the credit once, and say what billing's refusals mean to onceflow.
 
-    Locked: refused at the door, nothing processed (`ToolNotAttemptedError`). The key fenced by a
-    reconciler: billing has no credit for it and never will (`ToolKeyNotFoundError`, the one answer
-    that settles a resent call as failed). Rejected, or the key already used for another body: a
-    no for this request (`ToolRejectedError`); to a resend it proves nothing about the first
-    request, since the key may be known. Refused on policy grounds
-    (above the authorization limit): final, never sent again, and the model is told so
-    (`ToolRefusedError`). Anything else propagates, and onceflow calls the outcome unknown.
+    The receiver kit's refusals mean what `kit_problem_error` says: the key fenced by a reconciler
+    (billing has no credit for it and never will: `ToolKeyNotFoundError`, the one answer that
+    settles a resent call as failed), the key already used for another body (a no for this request,
+    `ToolRejectedError`, which to a resend proves nothing about the first), in progress (unknown).
+    Locked: refused at the door, nothing processed (`ToolNotAttemptedError`). Rejected: a no for
+    this request (`ToolRejectedError`). Refused on policy grounds (above the authorization limit):
+    final, never sent again, and the model is told so (`ToolRefusedError`). Anything else
+    propagates, and onceflow calls the outcome unknown.
     """
     try:
         credit = await client.credit(account_id, amount_cents, idempotency_key=idempotency_key)
+    except BadKeyError as exc:
+        # The header carries 1-255 printable ASCII characters; refused before anything was sent.
+        raise ToolNotAttemptedError(
+            f"the call's key cannot travel as an Idempotency-Key: {exc.reason}"
+        ) from exc
     except BillingLocked as exc:
         raise ToolNotAttemptedError(f"account {account_id} is locked: {exc.detail}") from exc
-    except BillingConflict as exc:
-        if str(exc.problem.get("type", "")).endswith(KEY_FENCED_PROBLEM):
-            raise ToolKeyNotFoundError(exc.detail) from exc
-        raise ToolRejectedError(exc.detail) from exc
-    except BillingRejected as exc:
+    except (BillingConflict, BillingRejected) as exc:
+        kit_error = kit_problem_error(exc.problem, exc.detail)
+        if kit_error is not None:
+            raise kit_error from exc
+        if isinstance(exc, BillingConflict):
+            raise  # a conflict the kit did not name: nobody knows what it means for the effect
         raise ToolRejectedError(exc.detail) from exc
     except BillingPolicyRefused as exc:
         raise ToolRefusedError(exc.detail) from exc
     return credit.model_dump(mode="json")
 
 
-# The same tools without a reconcile hook: an unknown credit waits for a person. The README's
-# "settle it yourself" walk-through uses this through the `billing-assistant-manual` agent.
+# The same tools without a reconcile hook and without declaring the kit: an unknown credit waits for
+# a person. The README's "settle it yourself" walk-through uses this (`billing-assistant-manual`).
 billing_manual = Toolset("billing-manual")
 billing_manual.tool(read(timeout=timedelta(seconds=5)), name="lookup_order")(lookup_order.fn)
 billing_manual.tool(external(timeout=CREDIT_TIMEOUT), name="issue_credit", compensation=void_credit)(
@@ -129,7 +146,7 @@ billing_approval.tool(read(timeout=timedelta(seconds=5)), name="lookup_order")(l
 billing_approval.tool(
     external(timeout=CREDIT_TIMEOUT, approval=True),
     name="issue_credit",
-    reconcile=find_credit,
+    receiver=BILLING_RECEIVER,
     compensation=void_credit,
 )(issue_credit.fn)
 
@@ -141,7 +158,7 @@ billing_reuse.tool(read(timeout=timedelta(seconds=5)), name="lookup_order")(look
 billing_reuse.tool(
     external(timeout=CREDIT_TIMEOUT),
     name="issue_credit",
-    reconcile=find_credit,
+    receiver=BILLING_RECEIVER,
     compensation=void_credit,
     guards=Guards(intent="reuse"),
 )(issue_credit.fn)

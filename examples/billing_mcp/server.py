@@ -21,7 +21,7 @@ refusal on policy grounds, never sent again.
 
 Every request for a key is written to the `mcp_requests` table before anything else happens, so a
 test can count what the server *received*, which a server that deduplicates by key would otherwise
-hide. Credits live in the billing example's own store (examples/billing/store.py), in the SQLite
+hide. Credits live in this example's own store (examples/billing_mcp/store.py), in the SQLite
 file given by `--db`, so they survive the server being killed.
 
 With `BILLING_MCP_CACHE_BY_KEY=1` the server also behaves like a careless deduplicating gateway: it
@@ -59,7 +59,7 @@ with needs_extra("mcp"):
 from onceflow.examples.billing.faults import Fault
 from onceflow.examples.billing.models import CreditRequest, FaultMode, seeded_order
 from onceflow.examples.billing.policy import DEFAULT_CREDIT_LIMIT_CENTS, over_credit_limit
-from onceflow.examples.billing.store import BillingStore, IdempotencyConflict, KeyFenced
+from onceflow.examples.billing_mcp.store import BillingStore, IdempotencyConflict, KeyFenced
 from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY
 
 FAULTS_ENV = "BILLING_MCP_FAULTS"

@@ -1,8 +1,8 @@
 """Every SQL statement the ledger runs, by name. Values always travel as $n parameters.
 
 The statements live by the ledger's own domains, one module each (calls, the queue, decisions,
-guards, lineage, conflicts, resends, compensations, retention, tokens, conversations, run ids);
-every name is re-exported here, so `from onceflow.ledger import queries; queries.RESERVE` reads the
+guards, lineage, conflicts, resends, compensations, retention, tokens, console sessions,
+conversations, run ids); every name is re-exported here, so `from onceflow.ledger import queries; queries.RESERVE` reads the
 same wherever a statement lives. A new statement goes into its domain's module and into this list.
 
 A statement that changes one call by its key, only while the call is in some state, writes that
@@ -86,6 +86,11 @@ from onceflow.ledger.queries.retention import (
 from onceflow.ledger.queries.run_ids import (
     CLAIM_RUN_ID,
 )
+from onceflow.ledger.queries.sessions import (
+    DELETE_CONSOLE_SESSION,
+    INSERT_CONSOLE_SESSION,
+    TOUCH_CONSOLE_SESSION,
+)
 from onceflow.ledger.queries.tokens import (
     INSERT_TOKEN,
     LIST_TOKENS,
@@ -104,6 +109,7 @@ __all__ = [
     "COMPLETE_STARTED",
     "COUNT_EVENTS",
     "COUNT_UNRESOLVED",
+    "DELETE_CONSOLE_SESSION",
     "DELETE_EVENTS",
     "DELETE_EXECUTIONS",
     "DENY",
@@ -117,6 +123,7 @@ __all__ = [
     "GUARDED_RESERVE_CLAIMING",
     "HELD_BEHIND",
     "HELD_RUNS_BEHIND",
+    "INSERT_CONSOLE_SESSION",
     "INSERT_CONVERSATION_MESSAGE",
     "INSERT_EVENT",
     "INSERT_TOKEN",
@@ -145,5 +152,6 @@ __all__ = [
     "SET_FAILED",
     "SET_INDETERMINATE",
     "SET_PURGE_CUTOFF",
+    "TOUCH_CONSOLE_SESSION",
     "WAS_OWNER",
 ]

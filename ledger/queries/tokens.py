@@ -7,7 +7,9 @@ RETURNING *
 
 SELECT_ACTIVE_TOKEN = "SELECT * FROM operator_tokens WHERE token_sha256 = $1 AND revoked_at IS NULL"
 
+# Revoking a token ends its console sessions too (the session lookup also joins a live token).
 REVOKE_TOKEN = """
+WITH ended AS (DELETE FROM console_sessions WHERE token_id = $1)
 UPDATE operator_tokens SET revoked_at = coalesce(revoked_at, clock_timestamp()) WHERE id = $1
 RETURNING *
 """

@@ -13,14 +13,15 @@ from typing import Any
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from onceflow.api import metrics
 from onceflow.api.auth import RequireToken
 from onceflow.api.console import install_console
+from onceflow.api.headers import SecurityHeaders
 from onceflow.api.inputs import install_input_checks
 from onceflow.api.models import ProblemDocument
+from onceflow.api.options import ApiOptions
 from onceflow.api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from onceflow.api.routes import include_routes
-from onceflow.ledger import Ledger, OperatorTokens
+from onceflow.ledger import ConsoleSessions, Ledger, OperatorTokens
 from onceflow.runtime.agents import AgentRegistry
 
 MAX_BODY_BYTES = 64 * 1024
@@ -39,23 +40,48 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(*, ledger: Ledger, client: Client, registry: AgentRegistry, task_queue: str) -> FastAPI:
-    """The operator API: its checks and middleware first, then the routes (onceflow/api/routes/)."""
+def create_app(
+    *,
+    ledger: Ledger,
+    client: Client,
+    registry: AgentRegistry,
+    task_queue: str,
+    options: ApiOptions | None = None,
+) -> FastAPI:
+    """The operator API: its checks and middleware first, then the routes (onceflow/api/routes/).
+
+    Not here: /metrics, which `onceflow api` serves on a listener of its own for Prometheus
+    (onceflow/api/metrics.py), so nobody who reaches the console's port reads every tenant's queue;
+    and FastAPI's /docs and /redoc, whose pages load a script from a CDN (/openapi.json stays).
+    """
+    options = options or ApiOptions()
     app = FastAPI(
         title="onceflow operator API",
         version="1",
         description=__doc__,
         openapi_url="/openapi.json",
+        docs_url=None,
+        redoc_url=None,
         responses=PROBLEMS,
     )
     app.state.ledger = ledger
     app.state.tokens = OperatorTokens(ledger)
+    app.state.registry = registry  # the console asks a tool's kit receiver (onceflow/api/console/receiver.py)
     install_problem_handlers(app)
     # Before any route is added, so every route (and every later one) inherits the checks.
     install_input_checks(app, body_limit=MAX_BODY_BYTES)
-    metrics.mount(app, ledger=ledger, registry=registry)  # /metrics, unauthenticated (onceflow.metrics)
     # Added last, so it runs first: no token, no other answer than 401.
     app.add_middleware(RequireToken, tokens=app.state.tokens)
-    install_console(app, namespace=client.namespace)
-    include_routes(app, ledger=ledger, client=client, registry=registry, task_queue=task_queue)
+    # Outermost: every answer, the 401s and problem documents too, carries the security headers.
+    app.add_middleware(SecurityHeaders)
+    sessions = ConsoleSessions(ledger, idle=options.console_idle, lifetime=options.console_lifetime)
+    install_console(app, namespace=client.namespace, sessions=sessions)
+    include_routes(
+        app,
+        ledger=ledger,
+        client=client,
+        registry=registry,
+        task_queue=task_queue,
+        signal_key=options.signal_key,
+    )
     return app

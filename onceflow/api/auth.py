@@ -1,4 +1,10 @@
-"""Bearer tokens: every request names its tenant and operator only through its token."""
+"""Bearer tokens: every request names its tenant and operator only through its token.
+
+The console is the one other way in: it calls these routes in-process, over ASGI, for an operator
+whose session it has just checked, and says so under `SIGNED_IN` in the request's ASGI scope. A
+scope is built by the server, never from what a client sends, so no request from outside can carry
+that key; and the console never holds the operator's token at all (ledger/sessions.py).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from onceflow.api.problems import Problem
 from onceflow.ledger import OperatorToken, OperatorTokens
+
+SIGNED_IN = "onceflow.signed_in_operator"
 
 _bearer = HTTPBearer(auto_error=False, description="An operator token from `onceflow tokens create`.")
 
@@ -47,11 +55,13 @@ class RequireToken:
         if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
             await self.app(scope, receive, send)
             return
-        try:
-            operator = await _authenticate(self.tokens, Headers(scope=scope).get("authorization"))
-        except Problem as problem:
-            await problem.response()(scope, receive, send)
-            return
+        operator = scope.get(SIGNED_IN)
+        if not isinstance(operator, OperatorToken):
+            try:
+                operator = await _authenticate(self.tokens, Headers(scope=scope).get("authorization"))
+            except Problem as problem:
+                await problem.response()(scope, receive, send)
+                return
         scope.setdefault("state", {})["operator"] = operator
         await self.app(scope, receive, send)
 

@@ -34,6 +34,7 @@ def conflict(exc: InvalidTransitionError) -> Problem:
         current_status=exc.current_status,
         decided_by=winner,
         decided_at=when,
+        decided_reason=exc.reason if winner else None,
     )
 
 

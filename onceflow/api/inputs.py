@@ -8,7 +8,8 @@
   nothing is stored.
 - On the JSON API (`/v1/...`), a query parameter the route does not declare is refused (400
   `invalid-request`), as are repeated ones: `?stauts=held` must not quietly list everything, nor
-  `?tenant=other` look as if it did something. Other routes (HTML pages) read their own query.
+  `?tenant=other` look as if it did something. The console's pages apply the same check
+  (`check_query`) to the parameters they take.
 
 `install_input_checks` applies both to the app and to every route added to it later, including
 routes of included routers: the query check is an app-level dependency.
@@ -21,6 +22,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
+from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from onceflow.api.problems import Problem
@@ -128,10 +130,8 @@ def _query_names(dependant: Dependant) -> set[str]:
     return names
 
 
-async def _checked_query(request: Request) -> None:
-    if not request.url.path.startswith(JSON_API_PREFIX):
-        return  # pages (a console, say) read their own query: filters, repeated choices
-    params = request.query_params
+def check_query(params: QueryParams, declared: frozenset[str]) -> None:
+    """Refuse a repeated query parameter, or one that is not `declared`."""
     repeated = sorted({name for name in params if len(params.getlist(name)) > 1})
     if repeated:
         # FastAPI would silently keep the last value: `status=a&status=b` would filter by b alone.
@@ -141,10 +141,6 @@ async def _checked_query(request: Request) -> None:
             "Invalid request",
             f"give each query parameter at most once (repeated: {', '.join(repeated)})",
         )
-    route = request.scope.get("route")
-    if not isinstance(route, APIRoute):
-        return
-    declared = _declared_query(route)
     unknown = sorted(set(params) - declared)
     if unknown:
         takes = ", ".join(sorted(declared)) or "none"
@@ -155,6 +151,14 @@ async def _checked_query(request: Request) -> None:
             f"unknown query parameter(s): {', '.join(unknown)}; this route takes: {takes}",
             unknown=unknown,
         )
+
+
+async def _checked_query(request: Request) -> None:
+    if not request.url.path.startswith(JSON_API_PREFIX):
+        return  # pages (the console) check their own query with check_query
+    route = request.scope.get("route")
+    declared = _declared_query(route) if isinstance(route, APIRoute) else frozenset(request.query_params)
+    check_query(request.query_params, declared)
 
 
 def install_input_checks(app: FastAPI, *, body_limit: int) -> None:

@@ -264,6 +264,28 @@ class DecisionResponse(BaseModel):
 
     execution: ToolExecutionView
     run_signalled: bool
+    repeated: bool = Field(
+        default=False,
+        description="True: you had already made this very decision (a retried request, a second "
+        "tab); nothing new was recorded.",
+    )
+
+
+class AssertionRequest(_Request):
+    expires_in: int = Field(
+        600, ge=1, le=3600, description="Seconds the assertion is good for (at most an hour)."
+    )
+
+
+class AssertionResponse(BaseModel):
+    """An operator assertion: the API vouches that this operator of this tenant may settle this
+    key with a `resolve` signal or update, until `expires_at`. It names no token."""
+
+    key: str
+    tenant: str
+    operator: str
+    expires_at: datetime
+    assertion: str = Field(description="The `assertion` field of the resolve signal's input.")
 
 
 class CompensationStarted(BaseModel):
@@ -285,6 +307,7 @@ class ProblemDocument(BaseModel):
     current_status: str | None = Field(None, description="On 409: where the call stands now.")
     decided_by: str | None = Field(None, description="On 409: who decided first.")
     decided_at: str | None = Field(None, description="On 409: when they decided.")
+    decided_reason: str | None = Field(None, description="On 409: the reason they gave, if any.")
     held_by: str | None = Field(None, description="On 409 `held`: the call it waits for; decide that one.")
 
 

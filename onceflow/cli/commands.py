@@ -132,11 +132,41 @@ def migrate(database_url: Annotated[str | None, typer.Option(envvar="ONCEFLOW_DA
 def api(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="ONCEFLOW_API_PORT", help="Port to listen on.")] = 8082,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="Serve HTTPS with this certificate (PEM); needs --tls-key.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="The certificate's private key (PEM).")] = None,
 ) -> None:
-    """Serve the operator API (list, resolve, approve, deny, compensate); OpenAPI at /openapi.json."""
-    from onceflow.api.server import main
+    """Serve the operator API (list, resolve, approve, deny, compensate) and its console; OpenAPI at
+    /openapi.json; /metrics on ONCEFLOW_API_METRICS_HOST:ONCEFLOW_API_METRICS_PORT."""
+    from onceflow.api.server import Tls, main
 
-    main(host, port)
+    if (tls_cert is None) != (tls_key is None):
+        raise typer.BadParameter("give both --tls-cert and --tls-key, or neither", param_hint="--tls-cert")
+    main(host, port, Tls(tls_cert, tls_key) if tls_cert and tls_key else None)
+
+
+@app.command("receiver-drill")
+def receiver_drill(
+    runs: Annotated[int, typer.Option(min=1, help="Agent runs to start, one credit each.")] = 200,
+    seed: Annotated[int, typer.Option(help="Seeds the faults and the random kills.")] = 1,
+    report: Annotated[
+        Path | None, typer.Option(help="JSON report path. Default: in the drill's folder.")
+    ] = None,
+    data_dir: Annotated[Path, typer.Option(help="Each drill gets a fresh folder in here.")] = Path(
+        ".onceflow/drills"
+    ),
+    concurrency: Annotated[int, typer.Option(min=1, help="Runs in flight at once.")] = 8,
+    timeout: Annotated[float, typer.Option(help="Seconds before runs still going count as lost.")] = 1800,
+) -> None:
+    """Receiver drill: a receiver whose only dedup is onceflow's receiver kit, workers AND the
+    receiver SIGKILLed at random; then effects per key, and unknown calls made, settled by the kit, left."""
+    from onceflow.drill.kit import KitDrillConfig, run_kit_drill_from_cli
+
+    config = KitDrillConfig(
+        runs=runs, seed=seed, data_dir=data_dir, report=report, concurrency=concurrency, timeout=timeout
+    )
+    raise typer.Exit(run_kit_drill_from_cli(config))
 
 
 @app.command()
@@ -162,14 +192,20 @@ def drill(
             hidden=True, help="Tests of the drill only: declare the credit tool's intent allow or reuse."
         ),
     ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(hidden=True, help="Tests of the drill only: plan just this kind of run (repeatable)."),
+    ] = None,
 ) -> None:
     """Crash drill: SIGKILL workers at every kill point and at random, then count sends per key at a
     receiver that honours no idempotency key."""
     from onceflow.drill.cli import run_from_cli
-    from onceflow.drill.scenario import DrillConfig
+    from onceflow.drill.scenario import KIND_NAMES, DrillConfig
 
     if sabotage_intent not in (None, "allow", "reuse"):
         raise typer.BadParameter("allow or reuse", param_hint="--sabotage-intent")
+    if set(only or ()) - set(KIND_NAMES):
+        raise typer.BadParameter(", ".join(KIND_NAMES), param_hint="--only")
     config = DrillConfig(
         runs=runs,
         seed=seed,
@@ -181,6 +217,7 @@ def drill(
         timeout=timeout,
         sabotage=sabotage_resend_after_timeout,
         sabotage_intent=sabotage_intent,
+        only=tuple(only or ()),
     )
     exit_after_cleanup(run_from_cli(config))
 

@@ -11,6 +11,7 @@ import asyncio
 import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,6 +34,9 @@ from onceflow.runtime.shutdown import SHUTDOWN_GRACE_ENV, ShutdownGraceError, sh
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # onceflow/cli/dev.py -> the checkout
 LEDGER_DATABASE = "onceflow"
+# The example billing service's own database (its credits and the receiver kit's keys), beside the
+# ledger's on the embedded server: a receiver keeps its keys in its own database, not the ledger's.
+BILLING_DATABASE = "billing"
 
 
 class StackBusyError(RuntimeError):
@@ -48,6 +52,7 @@ class StackConfig:
     api_port: int = 8082
     host: str = "127.0.0.1"
     worker: bool = True
+    api_metrics_port: int = 0  # the API's /metrics listener; 0: none (`onceflow dev` says 9466)
 
 
 @dataclass
@@ -62,6 +67,7 @@ class StackInfo:
     ui_url: str | None
     api_url: str | None = None
     pid: int = field(default_factory=os.getpid)
+    api_metrics_url: str | None = None  # where Prometheus would scrape the API
 
     def environment(self) -> dict[str, str]:
         found = {
@@ -127,7 +133,11 @@ class DevStack:
             temporal_address = f"{cfg.host}:{cfg.temporal_port}"
             ui_url = f"http://{cfg.host}:{cfg.ui_port}"
             self._spawn("temporal", self._temporal_command())
-        database_url = configured_database_url() or await self._start_postgres()
+        configured = configured_database_url()
+        database_url = configured or await self._start_postgres()
+        # On a server of the user's own, billing's tables sit beside the ledger's (no CREATE
+        # DATABASE asked of their role); on the embedded one, in a database of their own.
+        billing_database_url = configured or await self._billing_database()
         billing_url = f"http://{cfg.host}:{cfg.billing_port}"
         self._spawn(
             "billing",
@@ -139,8 +149,8 @@ class DevStack:
                 cfg.host,
                 "--port",
                 str(cfg.billing_port),
-                "--db",
-                str(self.data_dir / "billing.sqlite"),
+                "--database-url",
+                billing_database_url,
             ],
         )
         await migrate(database_url)
@@ -152,10 +162,24 @@ class DevStack:
             billing_url=billing_url,
             ui_url=ui_url,
             api_url=f"http://{cfg.host}:{cfg.api_port}",
+            api_metrics_url=f"http://{cfg.host}:{cfg.api_metrics_port}/metrics"
+            if cfg.api_metrics_port
+            else None,
         )
         await _wait_for_temporal(info)
         await _wait_for_http(f"{billing_url}/health", "the billing service", self.check_alive)
-        app_env = {**os.environ, **info.environment(), "ONCEFLOW_AGENTS": self._agents_path()}
+        app_env = {
+            **os.environ,
+            **info.environment(),
+            "ONCEFLOW_AGENTS": self._agents_path(),
+            "ONCEFLOW_API_METRICS_HOST": cfg.host,
+            "ONCEFLOW_API_METRICS_PORT": str(cfg.api_metrics_port),
+            # A laptop's stack: resolve signals from the `temporal` CLI settle calls as they are
+            # (README), unless the environment says otherwise. Its worker and API share a signing
+            # key drawn for this stack, so operator assertions work here too.
+            "ONCEFLOW_SIGNALS": os.environ.get("ONCEFLOW_SIGNALS") or "open",
+            "ONCEFLOW_SIGNAL_KEY": os.environ.get("ONCEFLOW_SIGNAL_KEY") or secrets.token_urlsafe(32),
+        }
         if cfg.worker:
             self._spawn("worker", [sys.executable, "-m", "onceflow.runtime.worker"], env=app_env)
         self._spawn(
@@ -203,6 +227,10 @@ class DevStack:
     async def _start_postgres(self) -> str:
         self._postgres = await asyncio.to_thread(EmbeddedPostgres, self.data_dir / "postgres")
         return await create_database(self._postgres.dsn, LEDGER_DATABASE, if_missing=True)
+
+    async def _billing_database(self) -> str:
+        assert self._postgres is not None
+        return await create_database(self._postgres.dsn, BILLING_DATABASE, if_missing=True)
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.data_dir / f"{name}.log", "ab")

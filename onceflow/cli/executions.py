@@ -366,3 +366,25 @@ def acknowledge_conflict(
     body: dict[str, Any] = {"status": status.value, "reason": reason, "evidence": found}
     answer = _Api(api, token).decide(key, "acknowledge-conflict", body)
     typer.echo(json.dumps(answer) if as_json else decided(answer, "conflict acknowledged"))
+
+
+@executions_app.command(epilog=EXIT_CODES_HELP)
+def assertion(
+    key: Annotated[str, typer.Argument(help="`<run_id>:<tool_call_id>`")],
+    expires_in: Annotated[int, typer.Option(min=1, max=3600, help="Seconds it is good for.")] = 600,
+    as_json: AsJson = False,
+    api: Api = DEFAULT_API,
+    token: Token = None,
+) -> None:
+    """Print an operator assertion for KEY: the `assertion` a `resolve` signal or update needs to
+    settle the call on a deployment that checks signals (ONCEFLOW_SIGNALS=verified)."""
+    answer = _Api(api, token).request("POST", f"{_path(key)}/assertion", body={"expires_in": expires_in})
+    if as_json:
+        typer.echo(json.dumps(answer))
+        return
+    typer.echo(answer["assertion"])
+    typer.echo(
+        f"for {answer['key']} as {answer['operator']} in {answer['tenant']}, until {answer['expires_at']}; "
+        'send it as "assertion" in the resolve\'s input',
+        err=True,
+    )

@@ -20,6 +20,9 @@ TemporalPort = Annotated[int, typer.Option(help="Temporal gRPC port.")]
 UiPort = Annotated[int, typer.Option(help="Temporal Web UI port.")]
 BillingPort = Annotated[int, typer.Option(help="Example billing service port.")]
 ApiPort = Annotated[int, typer.Option(help="Operator API port.")]
+ApiMetricsPort = Annotated[
+    int, typer.Option(envvar="ONCEFLOW_API_METRICS_PORT", help="Where the API serves /metrics; 0: nowhere.")
+]
 
 
 def use_stack_environment(data_dir: Path) -> None:
@@ -39,11 +42,14 @@ def dev(
     ui_port: UiPort = 8233,
     billing_port: BillingPort = 8081,
     api_port: ApiPort = 8082,
+    api_metrics_port: ApiMetricsPort = 9466,
 ) -> None:
     """Run Temporal, PostgreSQL, the billing example, a worker and the operator API. Ctrl-C stops all."""
     from onceflow.cli.dev import DevStack, StackBusyError, StackConfig
 
-    config = StackConfig(data_dir, temporal_port, ui_port, billing_port, api_port)
+    config = StackConfig(
+        data_dir, temporal_port, ui_port, billing_port, api_port, api_metrics_port=api_metrics_port
+    )
 
     async def serve() -> None:
         # Ctrl-C and SIGTERM (kill, systemd, a supervisor) both stop everything this started.
@@ -65,6 +71,9 @@ def dev(
             typer.echo(f"Ledger:        {info.database_url}")
             typer.echo(f"Billing:       {info.billing_url}")
             typer.echo(f"Operator API:  {info.api_url}  (OpenAPI: {info.api_url}/openapi.json)")
+            typer.echo(f"Console:       {info.api_url}/console")
+            if info.api_metrics_url:
+                typer.echo(f"API metrics:   {info.api_metrics_url}  (for Prometheus)")
             typer.echo("Start a run in another shell:")
             typer.echo(
                 '  onceflow run start --agent billing-assistant --tenant acme --input \'{"order_id": "ord_1001"}\''

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from onceflow.cli.stack import use_stack_environment
+from onceflow.cli.stack import DataDir, use_stack_environment
 from onceflow.cli.tables import table_lines
 
 tokens_app = typer.Typer(no_args_is_help=True, help="Operator tokens for the API (stored hashed).")
@@ -17,17 +17,21 @@ tokens_app = typer.Typer(no_args_is_help=True, help="Operator tokens for the API
 DatabaseUrl = Annotated[
     str | None,
     typer.Option(
-        envvar="ONCEFLOW_DATABASE_URL", help="The ledger database (default: the running `onceflow dev`)."
+        envvar="ONCEFLOW_DATABASE_URL",
+        help="The ledger database (default: the `onceflow dev` running on --data-dir).",
     ),
 ]
 
 
-def _tokens(database_url: str | None) -> Any:
+def _tokens(database_url: str | None, data_dir: Path) -> Any:
     if not database_url:
-        use_stack_environment(Path(".onceflow"))
+        use_stack_environment(data_dir)
         database_url = os.environ.get("ONCEFLOW_DATABASE_URL")
     if not database_url:
-        typer.echo("set ONCEFLOW_DATABASE_URL or pass --database-url", err=True)
+        typer.echo(
+            f"set ONCEFLOW_DATABASE_URL or pass --database-url (no `onceflow dev` runs on {data_dir})",
+            err=True,
+        )
         raise typer.Exit(2)
     from onceflow.ledger import Ledger, OperatorTokens, migrate
 
@@ -44,11 +48,12 @@ def tokens_create(
     tenant: Annotated[str, typer.Option(help="The tenant this token acts for.")],
     operator: Annotated[str, typer.Option(help="Who uses it; recorded on every decision.")],
     database_url: DatabaseUrl = None,
+    data_dir: DataDir = Path(".onceflow"),
 ) -> None:
     """Create a token and print it once. Only its SHA-256 is stored."""
     from onceflow.ledger import ReasonRequiredError
 
-    open_tokens = _tokens(database_url)
+    open_tokens = _tokens(database_url, data_dir)
 
     async def create() -> None:
         ledger, tokens = await open_tokens()
@@ -70,11 +75,12 @@ def tokens_create(
 def tokens_revoke(
     token_id: Annotated[str, typer.Argument(help="The token's id (tok_...), as `tokens list` shows.")],
     database_url: DatabaseUrl = None,
+    data_dir: DataDir = Path(".onceflow"),
 ) -> None:
-    """Revoke a token: every request with it answers 401 from now on."""
+    """Revoke a token: every request with it answers 401 from now on, and its console sessions end."""
     from onceflow.ledger import TokenNotFoundError
 
-    open_tokens = _tokens(database_url)
+    open_tokens = _tokens(database_url, data_dir)
 
     async def revoke() -> None:
         ledger, tokens = await open_tokens()
@@ -95,9 +101,10 @@ def tokens_revoke(
 def tokens_list(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's tokens.")] = None,
     database_url: DatabaseUrl = None,
+    data_dir: DataDir = Path(".onceflow"),
 ) -> None:
     """List tokens (never their secrets)."""
-    open_tokens = _tokens(database_url)
+    open_tokens = _tokens(database_url, data_dir)
 
     async def show() -> None:
         ledger, tokens = await open_tokens()

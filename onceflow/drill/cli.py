@@ -18,7 +18,8 @@ def run_from_cli(config: DrillConfig) -> int:
         f"drill: {config.runs} runs, seed {config.seed}, {config.workers} workers, "
         f"{config.concurrency} in flight, random kills {'on' if config.random_kills else 'off'}, "
         f"planned kills {'on' if config.planned_kills else 'off'}"
-        + (f", SABOTAGED credit intent {config.sabotage_intent}" if config.sabotage_intent else ""),
+        + (f", SABOTAGED credit intent {config.sabotage_intent}" if config.sabotage_intent else "")
+        + (f", only {', '.join(config.only)}" if config.only else ""),
         flush=True,
     )
     report = asyncio.run(run_drill(config))

@@ -10,6 +10,11 @@ Billing's own list of credits (`GET /credits`: key, account, amount) says how of
 the ledger says which of its calls took effect, and billing's request record how often each key
 arrived.
 
+The conflict runs (scenario.py RunPath) are judged the same way with their own intents: the model's
+retry of the first credit, asked after it was told that credit "failed", is the same intent as the
+first (paths.py decides from what the model was told, not from the ledger). The reset runs' intents
+are the credits the model asked in its last conversation, and are judged in paths.py.
+
 Per run and intent, with `applied` the credits billing applied for it:
 - applied is at most 1 (the headline: no intent applied more than once);
 - applied equals the intent's calls that completed by sending (completed, not reused), plus any
@@ -44,6 +49,7 @@ class AppliedCredit:
     key: str
     account_id: str
     amount_cents: int
+    credit_id: str = ""
 
 
 @dataclass
@@ -63,13 +69,6 @@ def _call_of(key: str) -> str:
     return key.rsplit(":", 1)[-1]
 
 
-def _intent_of(row: Mapping[str, Any]) -> Intent | None:
-    if row.get("account_id") is None or row.get("amount_cents") is None:
-        return None
-    call = str(row["tool_call_id"])
-    return str(row["account_id"]), int(row["amount_cents"]), INTENT_OF_CALL.get(call, call)
-
-
 def judge_intents(
     plan: PlannedRun,
     outcome: str,
@@ -77,9 +76,18 @@ def judge_intents(
     credits: Sequence[AppliedCredit],
     received: Mapping[str, int],
     held: Collection[str] = (),
+    intent_of_call: Mapping[str, str] = INTENT_OF_CALL,
 ) -> tuple[list[IntentCheck], list[str]]:
-    """The run's intents and what is wrong with them (each problem prefixed with INVARIANT)."""
+    """The run's intents and what is wrong with them (each problem prefixed with INVARIANT).
+    `intent_of_call` names each call's intent by its first call (a call not in it is its own)."""
     prefix = plan.run_id + ":"
+
+    def _intent_of(row: Mapping[str, Any]) -> Intent | None:
+        if row.get("account_id") is None or row.get("amount_cents") is None:
+            return None
+        call = str(row["tool_call_id"])
+        return str(row["account_id"]), int(row["amount_cents"]), intent_of_call.get(call, call)
+
     row_by_key = {row["key"]: row for row in rows}
     calls: dict[Intent, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -90,7 +98,7 @@ def judge_intents(
     for credit in credits:
         if credit.key.startswith(prefix):
             call = _call_of(credit.key)
-            paid[(credit.account_id, credit.amount_cents, INTENT_OF_CALL.get(call, call))].append(credit.key)
+            paid[(credit.account_id, credit.amount_cents, intent_of_call.get(call, call))].append(credit.key)
 
     checks, problems = [], []
 
@@ -139,6 +147,8 @@ def judge_intents(
             wanted = 1 if any(r["status"] == Status.COMPLETED for r in own) else 0
             if check.applied != wanted:
                 flag(intent, f"the run completed; billing applied it {check.applied} times, not {wanted}")
+    if plan.path is not None:
+        return checks, problems  # the checks below are of the default agent's script
     original, twin = row_by_key.get(plan.key(ORIGINAL_CALL)), row_by_key.get(plan.key(REISSUE_CALL))
     if original is not None and twin is not None and original["status"] == Status.COMPLETED:
         reused_from = twin.get("reused_from")

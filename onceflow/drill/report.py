@@ -24,7 +24,17 @@ any dedup, and the drill runs it with `--no-dedup`, so a key onceflow sent twice
 - runs_agree_with_ledger: what a finished run reports for each call is the ledger's status.
 - no_run_lost: every run completed or visibly waits for an operator.
 - unresolved_calls_are_visible: every call left unknown belongs to a run waiting on exactly it.
+- reissues_told_their_own_original: in the conflict and reset runs, every credit the model was told
+  of is one billing applied for the run, and a call handed an earlier call's result was told the
+  credit billing applied under that call's key, never one told to another call (paths.py; what the
+  model was told is read from the conversations it was given, told.py).
 - every_kill_point_hit_on_purpose: each kill point was met, and confirmed, by a planned kill.
+- every_path_walked: each path planned (a conflict, a reset) was walked to its end by at least one
+  run, and no walk failed.
+
+The conflict and reset runs are judged by the same key and intent invariants (their intents by what
+the model was told), and their own figures are printed apart: requests per key, credits per intent,
+and re-issues held, handed their original's result, or sent.
 """
 
 from __future__ import annotations
@@ -41,9 +51,12 @@ from temporalio.service import RPCError
 
 from onceflow.drill.intents import AppliedCredit
 from onceflow.drill.judge import CHECKED_BY_RECORDS, Downstream, RunCheck, RunEnd, check_run
+from onceflow.drill.paths import path_figures
 from onceflow.drill.points import KillPoint, still_armed
-from onceflow.drill.scenario import OWED_CALL, REISSUE_CALL, TENANT, DrillConfig, PlannedRun
+from onceflow.drill.scenario import OWED_CALL, REISSUE_CALL, TENANT, DrillConfig, PlannedRun, RunPath
 from onceflow.drill.sends import EVENTS, reruns_by_key
+from onceflow.drill.told import read_model_calls
+from onceflow.drill.walks import Walk
 from onceflow.examples.billing.client import BillingClient
 from onceflow.ledger import FailureKind, Ledger, Status
 from onceflow.workflows.reconcile import reconcile_workflow_id
@@ -54,7 +67,7 @@ if TYPE_CHECKING:
 
 # Read-only: what the ledger holds for the drill's tenant (the ledger API reads one key at a time).
 _ROWS = """
-SELECT key, run_id, tool_call_id, tool_name, status, failure_kind, settled_by, attempt, reused_from,
+SELECT key, run_id, tool_call_id, tool_name, status, failure_kind, settled_by, attempt, reused_from, created_at,
        payload->'arguments'->>'account_id' AS account_id,
        (payload->'arguments'->>'amount_cents')::bigint AS amount_cents
 FROM tool_executions WHERE tenant = $1
@@ -85,6 +98,9 @@ class DrillReport:
     problems: list[str]
     receiver: dict[str, Any] = field(default_factory=dict)  # how billing was run (dedup or not)
     teardown_seconds: float = 0.0  # stopping the processes, after the checks
+    # Per kind of run (kill point, path, or "locked"): runs, keys sent twice, intents paid twice.
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    paths: dict[str, dict[str, int]] = field(default_factory=dict)  # conflict and reset figures
 
     @property
     def ok(self) -> bool:
@@ -105,8 +121,26 @@ class DrillReport:
                 f"/{c.received}/{c.effects}" + ("" if c.records <= 1 else f" x{c.records}")
                 for c in run.calls
             )
+            walked = ""
+            if run.path is not None:
+                walked = (
+                    "  [walked]"
+                    if run.path.walked
+                    else "  [not walked: "
+                    + ", ".join(f"{call} {said}" for call, said in run.path.told.items())
+                    + "]"
+                )
             mark = "" if not run.problems else "  <-- " + "; ".join(run.problems)
-            lines.append(f"{run.run_id:<19} {run.point or '-':<14} {run.outcome:<11} {calls}{mark}")
+            lines.append(f"{run.run_id:<19} {run.point or '-':<14} {run.outcome:<11} {calls}{walked}{mark}")
+        lines.append("")
+        lines.append("per kind of run      runs  keys sent more than once  intents applied more than once")
+        for kind, counts in self.by_kind.items():
+            lines.append(
+                f"  {kind:<18} {counts['runs']:>4}  {counts['keys_sent_more_than_once']:>24}"
+                f"  {counts['intents_applied_more_than_once']:>30}"
+            )
+        for path, counts in self.paths.items():
+            lines.append(f"{path} runs: " + ", ".join(f"{name} {value}" for name, value in counts.items()))
         lines.append("")
         lines.append("kills per point      planned(confirmed)  planned(unconfirmed)  random")
         for point, counts in self.kills_per_point.items():
@@ -156,6 +190,8 @@ async def collect_report(
     run_dir: Path,
     plans: list[PlannedRun],
     ends: dict[str, RunEnd | None],
+    walks: dict[str, Walk],
+    told: Path,
     killer: Killer,
     client: Client,
     ledger: Ledger,
@@ -172,14 +208,26 @@ async def collect_report(
     effects = (await billing.effects()).effects
     received = await billing.received_counts("POST", "/credits")
     credits = [
-        AppliedCredit(c.idempotency_key, c.account_id, c.amount_cents) for c in await billing.credits()
+        AppliedCredit(c.idempotency_key, c.account_id, c.amount_cents, c.credit_id)
+        for c in await billing.credits()
     ]
     held = frozenset(e["key"] for e in events if e["to_status"] == Status.HELD)
     downstream = Downstream(effects, received.counts, reruns_by_key(dict(e) for e in events), credits, held)
     rows_by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         rows_by_run[row["run_id"]].append(dict(row))
-    runs = [check_run(plan, ends.get(plan.run_id), rows_by_run[plan.run_id], downstream) for plan in plans]
+    model_calls = read_model_calls(told)
+    runs = [
+        check_run(
+            plan,
+            ends.get(plan.run_id),
+            rows_by_run[plan.run_id],
+            downstream,
+            model_calls.get(plan.run_id, []),
+            walks.get(plan.run_id),
+        )
+        for plan in plans
+    ]
 
     problems = [p for run in runs for p in run.problems]
     known = {row["key"] for row in rows}
@@ -219,11 +267,20 @@ async def collect_report(
     invariants["at_most_one_effect_per_key"] = invariants["at_most_one_effect_per_key"] and all(
         n <= 1 for n in effects.values()
     )
-    # Fewer runs than points cannot plan every point; with planned kills off, none is armed.
-    covered = config.planned_kills and len(plans) >= len(KillPoint)
+    # Fewer runs than points cannot plan every point (nor can a plan of some kinds only); with
+    # planned kills off, none is armed.
+    covered = config.planned_kills and {plan.point for plan in plans} >= set(KillPoint)
     missed = [point for point, counts in per_point.items() if counts["planned"] < 1 and covered]
     invariants["every_kill_point_hit_on_purpose"] = not missed if covered else None
     problems += [f"every_kill_point_hit_on_purpose: {point}: no confirmed planned kill" for point in missed]
+    planned_paths = {plan.path for plan in plans if plan.path is not None}
+    walked = {RunPath(run.path.path) for run in runs if run.path is not None and run.path.walked}
+    problems += [
+        f"every_path_walked: {path.value}: no run walked it to its end" for path in planned_paths - walked
+    ]
+    invariants["every_path_walked"] = (
+        not any(p.startswith("every_path_walked:") for p in problems) if planned_paths else None
+    )
     outcomes = Counter(run.outcome for run in runs)
     reached = [c for c in all_calls if c.records or c.received]
     totals = {
@@ -264,7 +321,30 @@ async def collect_report(
         "kills_planned": sum(1 for k in killer.kills if k.cause == "planned"),
         "kills_random": sum(1 for k in killer.kills if k.cause == "random"),
         "workers_killed": sum(len(k.pids) for k in killer.kills),
+        # The conflict and reset runs, judged by what their model was told: goal 0 for each.
+        "credit_ids_told_twice": sum(r.path.credit_ids_told_twice for r in runs if r.path),
+        "told_another_calls_credit": sum(r.path.told_another_result for r in runs if r.path),
+        "credits_paid_never_told": sum(r.path.untold_credits for r in runs if r.path),
     }
+    by_kind: dict[str, dict[str, int]] = {}
+    for run in runs:
+        counts = by_kind.setdefault(
+            run.point or "locked",
+            {"runs": 0, "keys_sent_more_than_once": 0, "intents_applied_more_than_once": 0},
+        )
+        counts["runs"] += 1
+        counts["keys_sent_more_than_once"] += sum(1 for c in run.calls if c.extra_sends)
+        counts["intents_applied_more_than_once"] += sum(1 for i in run.intents if i.applied > 1)
+    paths = {}
+    for path in RunPath:
+        mine = [run for run in runs if run.path is not None and run.path.path == path.value]
+        paths[path.value] = path_figures(
+            path,
+            [run.path for run in mine if run.path is not None],
+            [walks[run.run_id] for run in mine if run.run_id in walks],
+            keys_sent_twice=sum(1 for run in mine for c in run.calls if c.extra_sends),
+            intents_paid_twice=sum(1 for run in mine for i in run.intents if i.applied > 1),
+        )
     command = {
         "runs": config.runs,
         "seed": config.seed,
@@ -275,6 +355,7 @@ async def collect_report(
         "kill_interval": list(config.kill_interval),
         "sabotage": config.sabotage,
         "sabotage_intent": config.sabotage_intent,
+        "only": list(config.only),
     }
     return DrillReport(
         command=command,
@@ -290,4 +371,6 @@ async def collect_report(
         notes=killer.notes,
         problems=problems,
         receiver={"dedup": await billing.dedups(), "url": killer.processes.billing_url},
+        by_kind=by_kind,
+        paths=paths,
     )

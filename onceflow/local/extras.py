@@ -16,6 +16,8 @@ _OWN_PACKAGES = {"onceflow", "ledger", "workflows", "activities", "examples"}
 # Extra -> what it is for, as the error message puts it.
 EXTRAS = {
     "api": "the operator API, the example billing service and metrics for Prometheus",
+    "receiver": "the receiver kit's HTTP forms (onceflow.receiver.fastapi, onceflow.receiver.asgi)",
+    "mcp": "MCP servers as toolsets, and the receiver kit for MCP servers (onceflow.receiver.mcp)",
     "dev": "the local stack (`onceflow dev`, `onceflow demo`, drills)",
     "otlp": "exporting traces over OTLP",
     "pydantic-ai": "the Pydantic AI adapter (onceflow.adapters.pydantic_ai)",

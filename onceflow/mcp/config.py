@@ -12,6 +12,7 @@ mcp_servers:
     tools:
       issue_credit: {effect: external, timeout: 3s, reconcile: find_credit, dedup_window: 24h}
       lookup_order: {effect: read}               # overrides what the annotations say
+      issue_refund: {receiver: kit}              # the server is on onceflow's receiver kit
       issue_refund:
         guards: {entity: order_id, amount: amount_cents, limit_from: refundable_balance}
 """
@@ -25,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from onceflow.ledger import SideEffect
+from onceflow.mcp.meta import KIT_FENCE_TOOL, KIT_LOOKUP_TOOL
 from onceflow.sdk.durations import PositiveDuration
 from onceflow.sdk.tools import Guards
 from onceflow.sdk.variables import UnsetVariableError
@@ -91,6 +93,9 @@ class McpToolConfig(BaseModel):
     approval: bool = False
     # A read tool of the same server that the reconciler calls with the call's key (see docs/mcp.md).
     reconcile: str | None = None
+    # `kit`: the server is on onceflow's receiver kit (onceflow.receiver.mcp); the reconciler asks its
+    # own record of the key through its protocol tools (lookup, then fence), see docs/receivers.md.
+    receiver: Literal["kit"] | None = None
     # Intent, entity and budget guards (docs/mcp.md); only for tools that change the world.
     guards: McpGuardsConfig | None = None
     # How long the server honours a repeated key: within it, an unknown call may be settled by
@@ -134,6 +139,10 @@ class McpServerConfig(BaseModel):
         for name, tool in self.tools.items():
             if tool.reconcile == name:
                 raise ValueError(f"tools.{name}.reconcile names the tool itself")
+            if tool.reconcile is not None and tool.receiver is not None:
+                raise ValueError(
+                    f"tools.{name}: give `reconcile` (a lookup tool) or `receiver: kit`, not both"
+                )
         return self
 
     @property
@@ -148,8 +157,14 @@ class McpServerConfig(BaseModel):
                 found.setdefault(tool.reconcile, name)
         return found
 
+    def uses_kit(self) -> bool:
+        """Some tool of this server declares `receiver: kit`: its protocol tools must be there."""
+        return any(tool.receiver == "kit" for tool in self.tools.values())
+
     def declared_tools(self) -> set[str]:
         """Every tool name this config relies on; each must exist on the server."""
         names = set(self.allow or ()) | set(self.tools)
         names |= {tool.reconcile for tool in self.tools.values() if tool.reconcile}
+        if self.uses_kit():
+            names |= {KIT_LOOKUP_TOOL, KIT_FENCE_TOOL}
         return names

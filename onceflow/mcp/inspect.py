@@ -47,7 +47,13 @@ async def inspect_server(agents_path: str, server: str) -> dict[str, Any]:
     for plan in plans:
         assert plan.effect is not None
         tool = make_tool(
-            connection, by_name[plan.name], plan.effect, plan.classification, plan.lookup, guards=plan.guards
+            connection,
+            by_name[plan.name],
+            plan.effect,
+            plan.classification,
+            plan.lookup,
+            guards=plan.guards,
+            receiver_kit=plan.receiver_kit,
         )
         problems = tool_contract_problems(tool) if plan.offered else []
         errors.extend(f"{plan.name}: {problem}" for problem in problems)
@@ -61,7 +67,7 @@ async def inspect_server(agents_path: str, server: str) -> dict[str, Any]:
                 "overridden": plan.classification.overridden,
                 "offered": plan.offered,
                 "note": plan.note,
-                "reconcile": plan.lookup,
+                "reconcile": "receiver kit (lookup, fence)" if plan.receiver_kit else plan.lookup,
                 "approval": plan.effect.approval,
                 "guards": declared_guards(plan.guards),
                 "dedup_window_seconds": (

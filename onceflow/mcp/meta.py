@@ -25,3 +25,14 @@ WRITE_KEY_META_KEY = "io.onceflow/write-key"
 # final: the call is never sent again, and the model is told not to make it again. An `isError`
 # result without it stays an ordinary rejection.
 REFUSED_META_KEY = "io.onceflow/refused"
+
+# Servers on onceflow's receiver kit (onceflow.receiver.mcp): a refusal of the kit is an error result
+# naming its problem here (`missing-key`, `bad-key`, `key-reused`, `key-in-progress`, `key-fenced`),
+# and a result given again for a key that completed before says so here.
+RECEIVER_PROBLEM_META_KEY = "io.onceflow/receiver-problem"
+REPLAYED_META_KEY = "io.onceflow/replayed"
+
+# The kit's reconcile protocol as tools, each taking `idempotency_key`: the lookup (read-only) and
+# the fence. A tool declared `receiver: kit` in agents.yaml is reconciled through them.
+KIT_LOOKUP_TOOL = "onceflow_key_lookup"
+KIT_FENCE_TOOL = "onceflow_key_fence"

@@ -20,6 +20,7 @@ from onceflow.mcp.classify import Classification, Hints, classify
 from onceflow.mcp.config import McpConfigError, McpServerConfig
 from onceflow.mcp.connection import McpConnection, McpUnavailableError
 from onceflow.mcp.guards import tool_guard_problems
+from onceflow.mcp.meta import KIT_FENCE_TOOL, KIT_LOOKUP_TOOL
 from onceflow.mcp.tools import LOOKUP_KEY_ARGUMENT, McpTool, make_tool
 from onceflow.runtime.agents import AgentConfigError, AgentRegistry
 from onceflow.sdk.guard_sources import limit_source_problems
@@ -55,6 +56,7 @@ class ToolPlan:
     lookup: str | None = None
     problems: list[str] = field(default_factory=list)
     guards: Guards = field(default_factory=Guards)
+    receiver_kit: bool = False  # reconciled through the server's receiver kit protocol tools
 
 
 def _effect(config: McpServerConfig, name: str, side_effect: SideEffect) -> Effect:
@@ -114,13 +116,23 @@ def plan_server(config: McpServerConfig, listed: list[Any]) -> tuple[list[ToolPl
             properties = (tool.input_schema or {}).get("properties") or {}
             if LOOKUP_KEY_ARGUMENT not in properties:
                 errors.append(f"lookup {name!r} takes no {LOOKUP_KEY_ARGUMENT!r} argument to be called with")
-        if name in lookups and (allowed is None or name not in allowed):
+        kit_tool = config.uses_kit() and name in (KIT_LOOKUP_TOOL, KIT_FENCE_TOOL)
+        if kit_tool and name == KIT_LOOKUP_TOOL and classification.side_effect is not SideEffect.READ:
+            errors.append(f"{name!r} is the receiver kit's lookup but is not annotated read-only")
+        if kit_tool:
+            offered, note = False, "receiver kit protocol, not offered to the model"
+        elif name in lookups and (allowed is None or name not in allowed):
             offered, note = False, f"reconcile lookup for {lookups[name]}, not offered to the model"
         elif allowed is not None and name not in allowed:
             offered, note = False, "not in allow"
         else:
             offered, note = True, "offered"
-        plan = ToolPlan(name, classification, hints, offered, note, effect, lookup, guards=guards)
+        kit = name in config.tools and config.tools[name].receiver == "kit"
+        if kit and not effect.changes_the_world:
+            errors.append(f"tools.{name}: `receiver: kit` is for tools that change the world, not reads")
+        plan = ToolPlan(
+            name, classification, hints, offered, note, effect, lookup, guards=guards, receiver_kit=kit
+        )
         plans.append(plan)
     return plans, errors
 
@@ -166,6 +178,7 @@ class McpToolsets:
                     plan.classification,
                     plan.lookup,
                     guards=plan.guards,
+                    receiver_kit=plan.receiver_kit,
                 )
             )
         return tools
@@ -212,6 +225,7 @@ def attach_tools(registry: AgentRegistry, tools: dict[str, list[McpTool]]) -> No
         problems = limit_source_problems(agent.tools)
         if problems:
             raise AgentConfigError(registry.path, "; ".join(problems), agent.name)
+    registry.mcp_attached = True
 
 
 async def start_mcp_toolsets(registry: AgentRegistry) -> McpToolsets:

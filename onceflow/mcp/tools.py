@@ -4,6 +4,9 @@ What a call's ending means (the activity turns these into ledger outcomes):
 - no session could be had (the server did not start, answer or initialize): `ToolNotAttemptedError`;
 - the server answered `isError: true` with `_meta["io.onceflow/refused"] = true`: a refusal on
   policy grounds, `ToolRefusedError` (final, never sent again);
+- a server on onceflow's receiver kit refused with `_meta["io.onceflow/receiver-problem"]`: read as
+  the kit's problems are (`kit_problem_error`): `key-fenced` is `ToolKeyNotFoundError`, the key in
+  progress is unknown, a key reused for other arguments is `ToolRejectedError`;
 - the server answered `isError: true`, or refused the request as malformed (JSON-RPC -32602,
   -32601, -32600): `ToolRejectedError`, a definite no;
 - anything else once the request was handed to the transport (connection closed, the process died,
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +26,14 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from onceflow.mcp.classify import Classification
 from onceflow.mcp.connection import McpConnection, McpUnavailableError
-from onceflow.mcp.meta import IDEMPOTENCY_META_KEY, REFUSED_META_KEY, WRITE_KEY_META_KEY
+from onceflow.mcp.meta import (
+    IDEMPOTENCY_META_KEY,
+    KIT_FENCE_TOOL,
+    KIT_LOOKUP_TOOL,
+    RECEIVER_PROBLEM_META_KEY,
+    REFUSED_META_KEY,
+    WRITE_KEY_META_KEY,
+)
 from onceflow.sdk.keys import lookup_key
 from onceflow.sdk.tools import (
     REPLACES_ARGUMENT,
@@ -30,12 +41,14 @@ from onceflow.sdk.tools import (
     Guards,
     InvalidToolArgumentsError,
     OutcomeStatus,
+    ReceiverKit,
     ReconcileOutcome,
     Tool,
     ToolContext,
     ToolNotAttemptedError,
     ToolRefusedError,
     ToolRejectedError,
+    kit_problem_error,
 )
 
 if TYPE_CHECKING:
@@ -54,6 +67,17 @@ class McpCallError(Exception):
 def result_text(result: CallToolResult) -> str:
     texts = [getattr(block, "text", None) for block in result.content]
     return "\n".join(t for t in texts if t) or "(no text)"
+
+
+def kit_refusal(result: CallToolResult) -> Exception | None:
+    """A receiver kit's refusal, as the write protocol reads it (None: not one)."""
+    problem = (result.meta or {}).get(RECEIVER_PROBLEM_META_KEY) if result.is_error else None
+    if not isinstance(problem, str):
+        return None
+    error = kit_problem_error({"type": problem}, result_text(result)[:2000])
+    if isinstance(error, RuntimeError):  # in progress: nobody knows yet
+        return McpCallError(str(error))
+    return error
 
 
 def is_policy_refusal(result: CallToolResult) -> bool:
@@ -140,6 +164,48 @@ class McpTool(Tool):
         return {"arguments": arguments, "context": context}
 
 
+class McpKitReceiver(ReceiverKit):
+    """An MCP server on onceflow's receiver kit: its protocol tools, through the tool's connection."""
+
+    def __init__(self, connection: McpConnection) -> None:
+        self.connection = connection
+        self.describe = f"receiver kit of MCP server {connection.name}"
+
+    async def _ask(self, tool: str, context: ToolContext) -> dict[str, Any]:
+        # The protocol's own key in `_meta`; the write's key is its argument and its write-key.
+        meta = request_meta(lookup_key(context.idempotency_key), context.idempotency_key)
+        result = await send(
+            self.connection, tool, {LOOKUP_KEY_ARGUMENT: context.idempotency_key}, meta, check=False
+        )
+        answer = result.structured_content
+        if answer is None and not result.is_error:
+            try:
+                answer = json.loads(result_text(result))
+            except ValueError:
+                answer = None
+        if result.is_error or not isinstance(answer, dict) or "state" not in answer:
+            raise McpCallError(
+                f"{self.connection.name}.{tool}: not a protocol answer: {result_text(result)[:300]}"
+            )
+        return answer
+
+    async def lookup(self, context: ToolContext) -> dict[str, Any]:
+        return await self._ask(KIT_LOOKUP_TOOL, context)
+
+    async def fence(self, context: ToolContext) -> dict[str, Any]:
+        return await self._ask(KIT_FENCE_TOOL, context)
+
+    def result_of(self, answer: Mapping[str, Any]) -> Any:
+        """The stored tool result's value, as a live call would have handed it on."""
+        from mcp.types import CallToolResult
+
+        body = (answer.get("response") or {}).get("body")
+        try:
+            return result_value(CallToolResult.model_validate(body))
+        except ValueError:
+            return body
+
+
 async def _session(connection: McpConnection, *, check: bool) -> Any:
     try:
         return await connection.session(check=check)
@@ -193,6 +259,7 @@ def make_tool(
     lookup: str | None,
     *,
     guards: Guards | None = None,
+    receiver_kit: bool = False,
 ) -> McpTool:
     """An McpTool for the listed tool `listed` (the SDK's Tool) of the server behind `connection`."""
     remote = listed.name
@@ -203,6 +270,9 @@ def make_tool(
         meta = request_meta(context.idempotency_key, context.for_key)
         result = await send(connection, remote, arguments, meta, check=changes_the_world)
         if result.is_error:
+            refused = kit_refusal(result)
+            if refused is not None:
+                raise refused
             if is_policy_refusal(result):
                 raise ToolRefusedError(result_text(result)[:2000])
             raise ToolRejectedError(result_text(result)[:2000])
@@ -220,6 +290,7 @@ def make_tool(
         return lookup_outcome(result, f"mcp {connection.name}.{lookup}")
 
     schema = dict(listed.input_schema or {"type": "object"})
+    kit = McpKitReceiver(connection) if receiver_kit else None
     return McpTool(
         name=remote,
         toolset=connection.name,
@@ -228,7 +299,8 @@ def make_tool(
         description=listed.description or listed.title or remote,
         arguments_model=_arguments_model(remote, schema),
         context_parameter="context",
-        reconcile=reconcile if lookup else None,
+        reconcile=kit.reconcile_hook() if kit is not None else (reconcile if lookup else None),
+        receiver=kit,
         server=connection.name,
         input_schema=schema,
         classification=classification,

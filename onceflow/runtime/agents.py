@@ -74,7 +74,9 @@ class AgentsFile(BaseModel):
     toolsets: dict[str, str] = {}
     # MCP servers are toolsets too; their tools are listed when the worker starts (onceflow/mcp/).
     mcp_servers: dict[str, McpServerConfig] = {}
-    agents: dict[str, AgentConfig] = Field(min_length=1)
+    # None is fine: a deployment whose agents are all another framework's (docs/adapters.md) has
+    # toolsets at most, or no file at all.
+    agents: dict[str, AgentConfig] = {}
 
 
 class Agent:
@@ -146,6 +148,7 @@ class AgentRegistry:
         self.path = path
         # Their tools join the agents once started: `async with onceflow.mcp.runtime.mcp_toolsets(registry)`.
         self.mcp_servers = mcp_servers or {}
+        self.mcp_attached = False  # set once their tools are attached (onceflow.mcp.runtime.attach_tools)
         # Agents whose model this worker cannot build (a key not set, an SDK not installed), and why.
         # Their tools stay known, so reconcile and compensation of their calls still work here.
         self.unavailable: dict[str, str] = {}

@@ -122,19 +122,33 @@ def _type_name(key: SearchAttributeKey[Any]) -> str:
     )
 
 
-async def ensure_search_attributes(client: Client) -> list[str]:
-    """Register onceflow's search attributes on the namespace if missing; returns those added."""
+async def missing_search_attributes(client: Client) -> list[SearchAttributeKey[Any]]:
+    """onceflow's search attributes the client's namespace does not have."""
     listed = await client.operator_service.list_search_attributes(
         ListSearchAttributesRequest(namespace=client.namespace)
     )
     existing = set(listed.custom_attributes) | set(listed.system_attributes)
+    return [key for key in SEARCH_ATTRIBUTES if key.name not in existing]
+
+
+async def ensure_search_attributes(client: Client) -> list[str]:
+    """Register onceflow's search attributes on the namespace if missing; returns those added."""
     missing = {
         key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
-        for key in SEARCH_ATTRIBUTES
-        if key.name not in existing
+        for key in await missing_search_attributes(client)
     }
     if missing:
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
         )
     return sorted(missing)
+
+
+def search_attribute_commands(namespace: str, keys: list[SearchAttributeKey[Any]]) -> list[str]:
+    """The `temporal` commands that add these search attributes, one each (temporal CLI 1.9 creates
+    only the first of several `--name`s given to one command)."""
+    return [
+        f"temporal operator search-attribute create --namespace {namespace} --name {key.name} "
+        f"--type {_type_name(key)}"
+        for key in keys
+    ]

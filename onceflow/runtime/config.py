@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from onceflow.runtime.constants import TASK_QUEUE
 
@@ -18,6 +18,9 @@ ENVIRONMENT = {
     # Where the process writes its heartbeat for `onceflow health` (the container health check);
     # empty: no heartbeat.
     "ONCEFLOW_HEALTH_FILE": "",
+    # The secret the API signs operator assertions with and workers check them with (at least 32
+    # characters; activities/signal_door.py). Empty: no assertions can be made or accepted.
+    "ONCEFLOW_SIGNAL_KEY": "",
 }
 # Read by the worker only. ONCEFLOW_SHUTDOWN_GRACE: seconds a SIGTERMed worker lets in-flight
 # activities finish; unset means the longest tool timeout plus margins (see onceflow/runtime/worker.py).
@@ -29,20 +32,44 @@ ENVIRONMENT = {
 # ONCEFLOW_MAX_CACHED_WORKFLOWS: how many runs the worker keeps in memory between their tasks
 # (Temporal's workflow cache); a waiting run beyond it is evicted and replayed from history when it
 # wakes. Unset: the SDK's default (1,000). See docs/benchmarks.md (waiting runs).
+# ONCEFLOW_SIGNALS: whether a `resolve` signal or update from outside the API may settle a call
+# without an operator assertion the API signed (`open`) or only with one (`verified`).
 WORKER_ENVIRONMENT = {
+    "ONCEFLOW_SIGNALS": "verified",
     "ONCEFLOW_SHUTDOWN_GRACE": "",
     "ONCEFLOW_MAX_CACHED_WORKFLOWS": "",
     "ONCEFLOW_AGENTS_ENABLED": "",
     "ONCEFLOW_TEMPORAL_METRICS_PORT": "9465",
 }
-# Read by `onceflow api` only: the port it listens on, and the Temporal UI its console links runs to.
-API_ENVIRONMENT = {"ONCEFLOW_API_PORT": "8082", "ONCEFLOW_TEMPORAL_UI": "http://127.0.0.1:8233"}
+# Read by `onceflow api` only: the port it listens on, the Temporal UI its console links runs to, the
+# proxies it trusts to say a request came over HTTPS and from whom, how long a console session lasts
+# idle and at most, where it serves /metrics for Prometheus (port 0: nowhere), and how the queue's
+# gauges name a tenant (`name`, `hash` or `none`).
+API_ENVIRONMENT = {
+    "ONCEFLOW_API_PORT": "8082",
+    "ONCEFLOW_TEMPORAL_UI": "http://127.0.0.1:8233",
+    "ONCEFLOW_FORWARDED_ALLOW_IPS": "127.0.0.1,::1",
+    "ONCEFLOW_CONSOLE_IDLE_TIMEOUT": "30m",
+    "ONCEFLOW_CONSOLE_SESSION_LIFETIME": "12h",
+    "ONCEFLOW_API_METRICS_HOST": "127.0.0.1",
+    "ONCEFLOW_API_METRICS_PORT": "9466",
+    "ONCEFLOW_METRICS_TENANT_LABEL": "name",
+}
 # Read by `onceflow executions`, an operator's client of the API.
 OPERATOR_ENVIRONMENT = {
     "ONCEFLOW_API": "http://127.0.0.1:8082",
     "ONCEFLOW_TOKEN": "",  # a bearer token from `onceflow tokens create`
 }
-ALL_ENVIRONMENT = {**ENVIRONMENT, **WORKER_ENVIRONMENT, **API_ENVIRONMENT, **OPERATOR_ENVIRONMENT}
+# Read by the example billing service only: the PostgreSQL database of its credits and the receiver
+# kit's keys (when `--database-url` is not given).
+BILLING_ENVIRONMENT = {"ONCEFLOW_BILLING_DATABASE_URL": ""}
+ALL_ENVIRONMENT = {
+    **ENVIRONMENT,
+    **WORKER_ENVIRONMENT,
+    **API_ENVIRONMENT,
+    **OPERATOR_ENVIRONMENT,
+    **BILLING_ENVIRONMENT,
+}
 
 
 def env(name: str) -> str:
@@ -61,6 +88,8 @@ class Settings:
     health_file: str = ""
     # None: serve every agent whose model can be built; else exactly these, or refuse to start.
     agents_enabled: tuple[str, ...] | None = None
+    signals: str = "verified"  # ONCEFLOW_SIGNALS as given; the worker checks it
+    signal_key: str = field(default="", repr=False)  # a secret: never in a log line
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -74,6 +103,8 @@ class Settings:
             max_cached_workflows=os.environ.get("ONCEFLOW_MAX_CACHED_WORKFLOWS", ""),
             health_file=env("ONCEFLOW_HEALTH_FILE"),
             agents_enabled=_names(os.environ.get("ONCEFLOW_AGENTS_ENABLED", "")),
+            signals=env("ONCEFLOW_SIGNALS"),
+            signal_key=os.environ.get("ONCEFLOW_SIGNAL_KEY", ""),
         )
 
 

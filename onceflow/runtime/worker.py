@@ -1,4 +1,5 @@
-"""Building and running a onceflow worker: ledger, agents, activities, workflows, tracing."""
+"""Running onceflow's own worker (worker.py, `onceflow worker`): the agents file, the ledger, MCP servers,
+metrics, health and graceful shutdown around a Temporal worker that OnceflowPlugin puts onceflow on."""
 
 from __future__ import annotations
 
@@ -12,23 +13,23 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
 from temporalio.client import Client
 from temporalio.worker import Plugin as WorkerPlugin
 from temporalio.worker import Worker
 
-from onceflow.activities import all_activities, default_identity
+from onceflow.activities import SignalDoor, default_identity
 from onceflow.ledger import Ledger, LedgerError, migrate
 from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_models, load_agents
-from onceflow.runtime.client import connect, ensure_search_attributes
-from onceflow.runtime.config import Settings
+from onceflow.runtime.client import connect
+from onceflow.runtime.config import ENVIRONMENT, Settings
 from onceflow.runtime.health import keep_heartbeat, probe, remove_heartbeat
 from onceflow.runtime.metrics_export import configure_metrics, temporal_runtime
+from onceflow.runtime.plugin import OnceflowPlugin, OnceflowStartupError
 from onceflow.runtime.process_exit import exit_after_cleanup
 from onceflow.runtime.shutdown import ShutdownGraceError, shutdown_grace
-from onceflow.workflows import ALL_WORKFLOWS
 
 if TYPE_CHECKING:
     from onceflow.mcp.runtime import McpToolsets
@@ -52,23 +53,33 @@ def build_worker(
     activities: Sequence[Callable[..., Any]] = (),
     plugins: Sequence[WorkerPlugin] = (),
     max_cached_workflows: int | None = None,
+    search_attributes: Literal["register", "check"] = "register",
+    signal_door: SignalDoor | None = None,
 ) -> Worker:
-    """`workflows`, `activities` and `plugins`: more to serve beside onceflow's own, such as the
-    workflows that host another framework's agent, its read tools' activities and that framework's
-    worker plugin (onceflow/adapters/)."""
-    identity = identity or default_identity()
+    """A worker with onceflow on it through OnceflowPlugin (onceflow/runtime/plugin.py), over a ledger
+    already open and migrated. `workflows`, `activities` and `plugins`: more to serve beside
+    onceflow's own, such as the workflows that host another framework's agent, its read tools'
+    activities and that framework's worker plugin (docs/adapters.md). `signal_door`: which resolve
+    signals from outside the API may settle a call (activities/signal_door.py); None: open, as
+    in-process workers of tests are; `run_worker` passes the deployment's."""
     # No more workflow tasks at once than the cache holds (and at least the SDK's minimum of 2): with
     # more, a full cache of runs that all have work pending stalled the worker (seen with a cache of
     # 50 and the default 100 slots: tasks timed out and were never taken again).
     cached = _SDK_CACHE if max_cached_workflows is None else max_cached_workflows
     slots = None if max_cached_workflows is None else max(2, min(_WORKFLOW_TASK_SLOTS, cached))
+    onceflow = OnceflowPlugin(
+        ledger=ledger,
+        agents=registry,
+        search_attributes=search_attributes,
+        signal_door=signal_door or SignalDoor(),
+    )
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[*ALL_WORKFLOWS, *workflows],
-        activities=[*all_activities(ledger, registry, identity), *activities],
-        identity=identity,
-        plugins=list(plugins),
+        workflows=list(workflows),
+        activities=list(activities),
+        identity=identity or default_identity(),
+        plugins=[onceflow, *plugins],
         # After shutdown() (SIGTERM) polling stops at once; running activities get this long.
         # In-process workers (tests, benchmarks) keep 0: cancel at once. run_worker passes the grace.
         graceful_shutdown_timeout=shutdown_grace,
@@ -95,18 +106,33 @@ def max_cached_workflows(text: str) -> int | None:
     return value
 
 
+# The agents file a process reads when ONCEFLOW_AGENTS does not name another. Missing, it means no
+# onceflow agents: a deployment whose agents are all another framework's needs none.
+DEFAULT_AGENTS_FILE = ENVIRONMENT["ONCEFLOW_AGENTS"]
+
+
+def load_agents_file(path: str) -> AgentRegistry:
+    """agents.yaml, or no agents when the default file is absent (any other path must exist)."""
+    if path == DEFAULT_AGENTS_FILE and not Path(path).exists():
+        return AgentRegistry({}, path)
+    return load_agents(path)
+
+
 async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[AgentRegistry, Ledger]:
-    """What the worker and the API check before serving: agents.yaml loads and the ledger answers
-    (migrated). Anything wrong ends the process with a message naming it."""
+    """What the worker and the API check before serving: the agents file loads (when there is one)
+    and the ledger answers (migrated). Anything wrong ends the process with a message naming it."""
     if not settings.database_url:
         raise SystemExit(f"ONCEFLOW_DATABASE_URL is not set: the {process} needs the ledger database")
     try:
-        registry = load_agents(settings.agents_path)
+        SignalDoor.from_settings(settings.signals, settings.signal_key)
+        registry = load_agents_file(settings.agents_path)
         if process == "worker":  # only the worker talks to models; the API needs no keys
             for note in check_models(registry, settings.agents_enabled):
                 log.warning("%s", note)
-    except AgentConfigError as exc:
+    except (AgentConfigError, ValueError) as exc:
         raise SystemExit(f"cannot start the {process}: {exc}") from exc
+    if not registry.agents:
+        log.info("%s: no onceflow agents (%s is absent or lists none)", process, settings.agents_path)
     try:
         await migrate(settings.database_url)
         ledger = await Ledger.connect(settings.database_url)
@@ -120,9 +146,11 @@ def check_configuration(settings: Settings) -> tuple[str | None, str]:
     Temporal or the database. The agents file loads, its toolsets import and every tool keeps the
     contract (load_agents runs the contract check)."""
     try:
-        registry = load_agents(settings.agents_path)
+        registry = load_agents_file(settings.agents_path)
     except AgentConfigError as exc:
         return f"cannot start the worker: {exc}", ""
+    if not Path(settings.agents_path).exists():
+        return None, f"{settings.agents_path}: absent; the worker serves no onceflow agents"
     tools = registry.all_tools()
     agents = ", ".join(sorted(registry.agents))
     summary = (
@@ -132,9 +160,18 @@ def check_configuration(settings: Settings) -> tuple[str | None, str]:
     return None, summary
 
 
+def signal_door(settings: Settings) -> SignalDoor:
+    """ONCEFLOW_SIGNALS and ONCEFLOW_SIGNAL_KEY, checked: a wrong value stops the worker, named."""
+    try:
+        return SignalDoor.from_settings(settings.signals, settings.signal_key)
+    except ValueError as exc:
+        raise SystemExit(f"cannot start the worker: {exc}") from exc
+
+
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Check everything first, then serve until `stop` is set (or SIGINT/SIGTERM)."""
     registry, ledger = await open_agents_and_ledger(settings, "worker")
+    door = signal_door(settings)
     mcp_servers: McpToolsets | None = None
     try:
         mcp_servers = await _start_mcp_servers(registry)
@@ -144,9 +181,6 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
             raise SystemExit(f"cannot start the worker: {exc}") from exc
         configure_metrics("onceflow-worker", serve_prometheus=True)
         client = await connect(settings, runtime=temporal_runtime())
-        added = await ensure_search_attributes(client)
-        if added:
-            log.info("registered search attributes: %s", ", ".join(added))
         stop = stop or _stop_on_signals()
         worker = build_worker(
             client,
@@ -155,34 +189,46 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
             task_queue=settings.task_queue,
             shutdown_grace=grace,
             max_cached_workflows=max_cached_workflows(settings.max_cached_workflows),
+            signal_door=door,
         )
-        agents = ", ".join(sorted(registry.agents))
-        async with worker:
-            log.info(
-                "worker on %s polling task queue %s; agents: %s; shutdown grace %gs",
-                settings.temporal_address,
-                settings.task_queue,
-                agents,
-                grace.total_seconds(),
-            )
-            heartbeat = _start_heartbeat(settings, client, ledger, worker)
-            try:
-                await stop.wait()
-            finally:
-                if heartbeat is not None:
-                    heartbeat.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await heartbeat
-            log.info(
-                "stopping: no new tasks; in-flight activities have up to %gs to finish",
-                grace.total_seconds(),
-            )
+        agents = ", ".join(sorted(registry.agents)) or "none"
+        try:
+            async with worker:
+                # OnceflowPlugin checks the ledger and the search attributes before the worker polls;
+                # a refusal ends this block with its OnceflowStartupError.
+                await _onceflow_of(worker).ready.wait()
+                log.info(
+                    "worker on %s polling task queue %s; agents: %s; shutdown grace %gs; signals %s",
+                    settings.temporal_address,
+                    settings.task_queue,
+                    agents,
+                    grace.total_seconds(),
+                    door.mode.value,
+                )
+                heartbeat = _start_heartbeat(settings, client, ledger, worker)
+                try:
+                    await stop.wait()
+                finally:
+                    if heartbeat is not None:
+                        heartbeat.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await heartbeat
+                log.info(
+                    "stopping: no new tasks; in-flight activities have up to %gs to finish",
+                    grace.total_seconds(),
+                )
+        except OnceflowStartupError as exc:
+            raise SystemExit(str(exc)) from exc
         log.info("worker stopped")
     finally:
         # Only now: activities finishing during the grace still record their outcomes.
         if mcp_servers is not None:
             await mcp_servers.aclose()
         await ledger.close()
+
+
+def _onceflow_of(worker: Worker) -> OnceflowPlugin:
+    return next(p for p in worker.config()["plugins"] if isinstance(p, OnceflowPlugin))
 
 
 def _start_heartbeat(

@@ -142,6 +142,9 @@ class CallRef(Frozen):
     key: str
     tool: str
     tool_call_id: str
+    # Owner tokens of this call's attempts whose reservation answer was lost: they never sent, so a
+    # call inspected `started` under one of them is released as not attempted (ToolCallInput).
+    unsent_owners: list[str] = []
 
 
 class SettleInput(Frozen):

@@ -16,6 +16,8 @@ class ResolveSignal(BaseModel):
 
     With `status`, it first settles the call (compare-and-set, `reason` required); without, it only
     re-reads the ledger. Either way the run acts on what the ledger says, never on the signal.
+    `assertion`: an operator assertion the operator API signed for this key
+    (activities/signal_door.py); a deployment with ONCEFLOW_SIGNALS=verified settles only with one.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -26,6 +28,7 @@ class ResolveSignal(BaseModel):
     actor: str = "signal"
     evidence: dict[str, Any] | None = None
     result: Any = None
+    assertion: str | None = None
 
 
 class EscalatedSignal(Frozen):

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 from collections import Counter
 
+from onceflow.receiver import parse_key_header
+
 _CHUNK = 65536
 _CREDITS = "POST /credits"
 
@@ -75,7 +77,9 @@ class KeyCountingProxy:
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         request = " ".join(lines[0].split(" ")[:2])
-        key = _header(lines[1:], "idempotency-key")
+        raw = _header(lines[1:], "idempotency-key")
+        # The header is a Structured Field string (the key in quotes, onceflow.receiver.keys).
+        key = parse_key_header(raw) if raw is not None else None
         if request == _CREDITS and key is not None:
             self.sent[key] += 1
             if not self._released.is_set():

@@ -37,11 +37,13 @@ def version_of(name: str) -> int:
     return next(m.version for m in discover() if m.path.name.endswith(f"_{name}.sql"))
 
 
-def migrations_before(name: str, directory: Path) -> Path:
-    """`directory`, holding copies of every migration before `name`'s (for `migrate(directory=)`)."""
+def migrations_before(name: str, directory: Path, *, including: bool = False) -> Path:
+    """`directory`, holding copies of every migration before `name`'s (for `migrate(directory=)`),
+    and `name`'s own too when `including`: a schema as that migration left it, whatever came later."""
     directory.mkdir(parents=True, exist_ok=True)
+    last = version_of(name) + (1 if including else 0)
     for migration in discover():
-        if migration.version < version_of(name):
+        if migration.version < last:
             shutil.copy(migration.path, directory / migration.path.name)
     return directory
 

@@ -19,32 +19,30 @@ OPENAI_PROCESS_WRITES = WriteTools(
 
 
 async def serve() -> None:
-    from temporalio.client import Client
-    from temporalio.openai_agents.testing import TestModelProvider
+    """Served the way docs/adapters.md says: the SDK's plugin and OnceflowPlugin on the client."""
+    from datetime import timedelta
 
-    from onceflow.adapters.openai_agents import client_plugins, worker_plugins
-    from onceflow.ledger import Ledger
-    from onceflow.runtime.agents import AgentRegistry
+    from temporalio.client import Client
+    from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
+    from temporalio.openai_agents.testing import TestModelProvider
+    from temporalio.worker import Worker
+
+    from onceflow import OnceflowPlugin
     from onceflow.runtime.config import Settings
-    from onceflow.runtime.worker import build_worker
     from tests.support.openai_agents_support import ScriptedModel
     from tests.support.openai_agents_workflow import OpenAIProcessWorkflow
 
     settings = Settings.from_env()
-    ledger = await Ledger.connect(settings.database_url)
+    openai_agents = OpenAIAgentsPlugin(
+        model_provider=TestModelProvider(ScriptedModel()),
+        model_params=ModelActivityParameters(start_to_close_timeout=timedelta(seconds=10)),
+    )
     client = await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
-        plugins=client_plugins(model_provider=TestModelProvider(ScriptedModel())),
+        plugins=[openai_agents, OnceflowPlugin(settings.database_url, agents=[OPENAI_PROCESS_WRITES])],
     )
-    worker = build_worker(
-        client,
-        ledger,
-        OPENAI_PROCESS_WRITES.register(AgentRegistry({})),
-        task_queue=settings.task_queue,
-        workflows=[OpenAIProcessWorkflow],
-        plugins=worker_plugins(),
-    )
+    worker = Worker(client, task_queue=settings.task_queue, workflows=[OpenAIProcessWorkflow])
     async with worker:
         logging.getLogger("openai-process").info("polling %s", settings.task_queue)
         await asyncio.Event().wait()

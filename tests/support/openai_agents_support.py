@@ -14,6 +14,8 @@ from typing import Any
 from agents import Model, ModelResponse, Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from temporalio import activity
+from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
+from temporalio.openai_agents.testing import TestModelProvider
 
 from onceflow.adapters.openai_agents import WriteTools
 from tests.support.downstream import DOWNSTREAM, toolset
@@ -27,6 +29,13 @@ OPENAI_WRITES = WriteTools(
     ],
     agent="openai-agents-billing",
     tool_policy={"on_indeterminate": "pause", "recheck_interval": "2s", "reconcile_initial_interval": "1s"},
+)
+
+
+# The same credit with no tool_policy of its own (see pydantic_ai_agents.DEFAULT_POLICY_WRITES).
+OPENAI_DEFAULT_POLICY_WRITES = WriteTools(
+    [tool for tool in toolset.tools if tool.name == "issue_credit_unreconciled"],
+    agent="openai-agents-billing-default-policy",
 )
 
 
@@ -56,21 +65,29 @@ def _items(value: Any) -> list[dict[str, Any]]:
     return [item if isinstance(item, dict) else item.model_dump() for item in value]
 
 
+def _responses(items: list[dict[str, Any]]) -> int:
+    """How many model answers the conversation holds: each run of function calls is one, and so is
+    each assistant message."""
+    answers, previous = 0, None
+    for item in items:
+        kind = item.get("type")
+        if (kind == "function_call" and previous != "function_call") or item.get("role") == "assistant":
+            answers += 1
+        previous = kind
+    return answers
+
+
 class ScriptedModel(Model):
-    """Answers from the script in the first user message: turn n's tool calls, then a final text
-    listing every tool output it was given."""
+    """Answers from the script in the first user message: turn n's tool calls (an empty turn, or the
+    end of the script: a final text listing every tool output it was given)."""
 
     async def get_response(
         self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
     ) -> ModelResponse:
         items = _items(input)
         plan = json.loads(next(str(i["content"]) for i in items if i.get("role") == "user"))
-        calls_made = sum(1 for i in items if i.get("type") == "function_call")
-        turn, seen = 0, 0
-        while turn < len(plan["script"]) and seen < calls_made:
-            seen += len(plan["script"][turn])
-            turn += 1
-        if turn >= len(plan["script"]):
+        turn = _responses(items)
+        if turn >= len(plan["script"]) or not plan["script"][turn]:
             outputs = [i["output"] for i in items if i.get("type") == "function_call_output"]
             text = json.dumps({"done": True, "results": [_parsed(o) for o in outputs]})
             message = ResponseOutputMessage(
@@ -105,3 +122,11 @@ class ScriptedModel(Model):
 
 
 LOOKUP_TIMEOUT = timedelta(seconds=5)
+
+
+def openai_agents_plugin() -> OpenAIAgentsPlugin:
+    """The SDK's Temporal plugin with the scripted model (on the client: it brings its data converter)."""
+    return OpenAIAgentsPlugin(
+        model_provider=TestModelProvider(ScriptedModel()),
+        model_params=ModelActivityParameters(start_to_close_timeout=timedelta(seconds=10)),
+    )

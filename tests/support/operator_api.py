@@ -10,12 +10,16 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 from temporalio.client import Client
 
 from onceflow.api.app import create_app
+from onceflow.api.options import ApiOptions
+from onceflow.api.server import Tls
 from onceflow.ledger import CallIdentity, Ledger, OperatorTokens, SideEffect
 from onceflow.runtime.agents import AgentRegistry
 from tests.support.processes import free_port
@@ -30,6 +34,7 @@ class OperatorApi:
     http: httpx.AsyncClient
     ledger: Ledger
     runs: Harness
+    app: FastAPI
 
     async def token(self, tenant: str = "acme", operator: str = "alice") -> str:
         _, secret = await OperatorTokens(self.ledger).create(tenant=tenant, operator=operator)
@@ -38,26 +43,53 @@ class OperatorApi:
     async def as_operator(self, tenant: str = "acme", operator: str = "alice") -> httpx.AsyncClient:
         """An HTTP client that sends this operator's token."""
         token = await self.token(tenant, operator)
-        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        return httpx.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+            verify=not self.url.startswith("https://"),  # a test's self-signed certificate
+        )
 
 
 @asynccontextmanager
-async def serving_api(client: Client, ledger: Ledger, registry: AgentRegistry) -> AsyncIterator[OperatorApi]:
-    async with running_worker(client, ledger, registry) as runs:
-        app = create_app(ledger=ledger, client=client, registry=registry, task_queue=runs.task_queue)
+async def serving_api(
+    client: Client,
+    ledger: Ledger,
+    registry: AgentRegistry,
+    *,
+    options: ApiOptions | None = None,
+    tls: Tls | None = None,
+    worker: dict[str, Any] | None = None,
+) -> AsyncIterator[OperatorApi]:
+    """The API on a free loopback port; over HTTPS with `tls`, trusting the proxies
+    `options.forwarded_allow_ips` names; `worker`: build_worker's keywords (a signal door, say)."""
+    options = options or ApiOptions()
+    async with running_worker(client, ledger, registry, **(worker or {})) as runs:
+        app = create_app(
+            ledger=ledger, client=client, registry=registry, task_queue=runs.task_queue, options=options
+        )
         port = free_port()
         server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                lifespan="off",
+                forwarded_allow_ips=options.forwarded_allow_ips,
+                ssl_certfile=str(tls.certfile) if tls else None,
+                ssl_keyfile=str(tls.keyfile) if tls else None,
+            )
         )
         task = asyncio.create_task(server.serve(), name=f"operator-api-{uuid.uuid4().hex[:6]}")
         while not server.started:
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         try:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                yield OperatorApi(url=url, http=http, ledger=ledger, runs=runs)
+            async with httpx.AsyncClient(base_url=url, timeout=30, verify=tls is None) as http:
+                yield OperatorApi(url=url, http=http, ledger=ledger, runs=runs, app=app)
         finally:
             server.should_exit = True
             await task

@@ -9,9 +9,14 @@ import signal
 import socket
 import subprocess
 import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+
+from onceflow.local.postgres import create_database, drop_database
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,10 +73,20 @@ class ChildProcesses:
                 self.kill(process)
 
 
-async def start_billing_service(processes: ChildProcesses, db: Path, *, dedup: bool = True) -> str:
-    """The example billing service in its own process, with its records in `db`; returns its URL.
+@asynccontextmanager
+async def billing_database(admin_dsn: str) -> AsyncIterator[str]:
+    """A fresh, empty database for one billing service (it migrates its own tables and the kit's)."""
+    name = f"billing_{uuid.uuid4().hex[:12]}"
+    dsn = await create_database(admin_dsn, name)
+    try:
+        yield dsn
+    finally:
+        await drop_database(admin_dsn, name)
 
-    `dedup=False` starts it with `--no-dedup`: it honours no idempotency key.
+
+async def start_billing_service(processes: ChildProcesses, database_url: str, *, dedup: bool = True) -> str:
+    """The example billing service in its own process, its records in the PostgreSQL database
+    `database_url`; returns its URL. `dedup=False` starts it with `--no-dedup`: it honours no key.
     """
     port = free_port()
     args = [
@@ -79,8 +94,8 @@ async def start_billing_service(processes: ChildProcesses, db: Path, *, dedup: b
         "onceflow.examples.billing.service",
         "--port",
         str(port),
-        "--db",
-        str(db),
+        "--database-url",
+        database_url,
         "--log-level",
         "warning",
     ]

@@ -14,10 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic_ai import Agent
-from pydantic_ai.durable_exec.temporal import TemporalDurability
+from pydantic_ai.durable_exec.temporal import AgentPlugin, PydanticAIPlugin, TemporalDurability
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from onceflow.adapters.heard import OnceflowState
 from onceflow.adapters.pydantic_ai import OnceflowWrites, WriteTools
 from tests.support.downstream import DOWNSTREAM, toolset
 
@@ -31,8 +32,21 @@ WRITES = WriteTools(
 
 class AdapterRunInput(BaseModel):
     tenant: str
-    script: list[list[dict[str, Any]]]
+    script: list[list[dict[str, Any]]]  # an empty turn is a final answer (the run may go on later)
     fresh_ids: bool = False
+
+
+class ContinuingRunInput(BaseModel):
+    """A run that answers, then continues as new and goes on with the same conversation, `executions`
+    times (tests/support/*_workflow.py, the `...ContinuingWorkflow`s). `pass_state`: hand
+    OnceflowState on to the next execution, as docs/adapters.md says to."""
+
+    tenant: str
+    script: list[list[dict[str, Any]]]
+    executions: int = 2
+    pass_state: bool = True
+    history: Any = None  # the conversation so far, in the framework's own serialised form
+    onceflow: OnceflowState | None = None
 
 
 def _script(messages: list[ModelMessage]) -> dict[str, Any]:
@@ -46,7 +60,7 @@ def _script(messages: list[ModelMessage]) -> dict[str, Any]:
 def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     plan = _script(messages)
     turn = sum(isinstance(message, ModelResponse) for message in messages)
-    if turn >= len(plan["script"]):
+    if turn >= len(plan["script"]) or not plan["script"][turn]:
         results = [
             part.content
             for message in messages
@@ -72,9 +86,26 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
     return {"order_id": order_id, "account_id": f"acct_{order_id}", "amount_cents": 1250}
 
 
+# The same credits with no tool_policy of their own: they take the serving OnceflowPlugin's, and
+# that default is `on_indeterminate: fail` (tests/test_adapter_runs.py).
+DEFAULT_POLICY_WRITES = WriteTools(
+    [tool for tool in toolset.tools if tool.name == "issue_credit_unreconciled"],
+    agent="pydantic-ai-billing-default-policy",
+)
+DEFAULT_POLICY_AGENT: Agent[None, str] = Agent(
+    FunctionModel(scripted),
+    name="pydantic_billing_default_policy",
+    capabilities=[TemporalDurability(), OnceflowWrites(DEFAULT_POLICY_WRITES)],
+)
+
 AGENT: Agent[None, str] = Agent(
     FunctionModel(scripted),
     name="pydantic_billing",
     tools=[lookup_order],
     capabilities=[TemporalDurability(), OnceflowWrites(WRITES)],
 )
+
+
+def agent_plugins() -> list[PydanticAIPlugin | AgentPlugin]:
+    """Pydantic AI's plugins for a worker serving AGENT and DEFAULT_POLICY_AGENT."""
+    return [PydanticAIPlugin(), AgentPlugin(AGENT), AgentPlugin(DEFAULT_POLICY_AGENT)]

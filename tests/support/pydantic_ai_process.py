@@ -45,24 +45,27 @@ PROCESS_AGENT: Agent[None, str] = Agent(
 
 
 async def serve() -> None:
-    from onceflow.adapters.pydantic_ai import worker_plugins
-    from onceflow.ledger import Ledger
-    from onceflow.runtime.agents import AgentRegistry
-    from onceflow.runtime.client import connect
+    """Served the way docs/adapters.md says: OnceflowPlugin and Pydantic AI's plugin on the client,
+    the agent's plugin on the worker."""
+    from pydantic_ai.durable_exec.temporal import AgentPlugin, PydanticAIPlugin
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    from onceflow import OnceflowPlugin
     from onceflow.runtime.config import Settings
-    from onceflow.runtime.worker import build_worker
     from tests.support.pydantic_ai_workflow import PydanticProcessWorkflow
 
     settings = Settings.from_env()
-    ledger = await Ledger.connect(settings.database_url)
-    client = await connect(settings)
-    worker = build_worker(
+    client = await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        plugins=[PydanticAIPlugin(), OnceflowPlugin(settings.database_url, agents=[PROCESS_WRITES])],
+    )
+    worker = Worker(
         client,
-        ledger,
-        PROCESS_WRITES.register(AgentRegistry({})),
         task_queue=settings.task_queue,
         workflows=[PydanticProcessWorkflow],
-        plugins=worker_plugins(PROCESS_AGENT),
+        plugins=[AgentPlugin(PROCESS_AGENT)],
     )
     async with worker:
         logging.getLogger("pydantic-process").info("polling %s", settings.task_queue)

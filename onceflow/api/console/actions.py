@@ -18,6 +18,7 @@ from onceflow.api.console import forms
 from onceflow.api.console.calls import Answer, OperatorCalls
 from onceflow.api.console.rendering import render
 from onceflow.api.console.routes import signed_in
+from onceflow.ledger import ConsoleSession
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
@@ -117,7 +118,7 @@ def request_body(action: Action, fields: dict[str, str]) -> dict[str, Any] | Non
     return body
 
 
-def _context(session: forms.Session, **more: Any) -> dict[str, Any]:
+def _context(session: ConsoleSession, **more: Any) -> dict[str, Any]:
     return {"session": session, **more}
 
 
@@ -130,7 +131,7 @@ async def act(request: Request, key: str, name: str) -> Response:
     if action is None:
         problem = {"title": "No such action", "detail": f"there is no action {name!r}", "status": 404}
         return render(request, "problem.html", _context(session, problem=problem), 404)
-    calls = OperatorCalls(request.app, session.token)
+    calls = OperatorCalls(request.app, session.operator)
     try:
         body = request_body(action, fields)
     except BadField as exc:
@@ -155,7 +156,8 @@ class BulkOutcome:
     @property
     def verdict(self) -> str:
         if self.answer.ok:
-            return "won"
+            # A second tab, or the form sent twice: the ledger had this very decision of yours.
+            return "already yours" if self.answer.body.get("repeated") else "won"
         if self.answer.status == 409:
             return "lost"
         return "refused"
@@ -169,7 +171,7 @@ async def bulk_resolve(request: Request) -> Response:
     forms.check_post(request, session, fields)
     keys = list(dict.fromkeys(await forms.keys_of(request)))
     tool = fields.get("tool", "")
-    calls = OperatorCalls(request.app, session.token)
+    calls = OperatorCalls(request.app, session.operator)
 
     def refuse(detail: str) -> Response:
         problem = {"title": "Not sent", "detail": f"Nothing was changed: {detail}.", "status": 400}
@@ -208,6 +210,7 @@ async def bulk_resolve(request: Request) -> Response:
         tool=tool,
         body=body,
         won=sum(o.verdict == "won" for o in outcomes),
+        yours=sum(o.verdict == "already yours" for o in outcomes),
         lost=sum(o.verdict == "lost" for o in outcomes),
         refused=sum(o.verdict == "refused" for o in outcomes),
     )

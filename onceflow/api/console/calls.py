@@ -1,8 +1,9 @@
 """What the console reads and decides, asked of the JSON API in the same process.
 
 The console is one more client of the operator API: every listing, record and decision goes through
-the same routes, with the signed-in operator's own bearer token, over ASGI (no socket, no second
-implementation of any rule). The answers are the API's JSON, problem documents included: a 409
+the same routes, as the signed-in operator, over ASGI (no socket, no second implementation of any
+rule). The console holds no token: it names the operator its session belongs to in the request's
+ASGI scope, which no outside request can set (onceflow/api/auth.py). The answers are the API's JSON, problem documents included: a 409
 names who decided first exactly as it does for curl.
 
 The counts per status are the one thing the JSON API does not offer; they are read here, scoped to
@@ -18,8 +19,10 @@ from urllib.parse import quote
 
 import httpx
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
-from onceflow.ledger import Ledger, queries
+from onceflow.api.auth import SIGNED_IN
+from onceflow.ledger import Ledger, OperatorToken, queries
 
 
 @dataclass
@@ -78,17 +81,18 @@ def execution_path(key: str, action: str = "") -> str:
 class OperatorCalls:
     """Calls to the JSON API as the signed-in operator."""
 
-    def __init__(self, app: FastAPI, token: str) -> None:
+    def __init__(self, app: FastAPI, operator: OperatorToken) -> None:
         self._app = app
-        self._token = token
+        self._operator = operator
+
+    async def _as_operator(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app({**scope, SIGNED_IN: self._operator}, receive, send)
 
     async def request(
         self, method: str, path: str, *, params: dict[str, str] | None = None, body: Any = None
     ) -> Answer:
         async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=self._app),
-            base_url="http://console.internal",
-            headers={"Authorization": f"Bearer {self._token}"},
+            transport=httpx.ASGITransport(app=self._as_operator), base_url="http://console.internal"
         ) as http:
             if method == "GET":
                 response = await http.get(path, params=params)

@@ -1,77 +1,116 @@
 """The console's browser session and its protection against cross-site requests.
 
-Signing in puts the operator's token in a cookie the browser keeps for its session only (no
-Max-Age, no Expires), HttpOnly and SameSite=Strict, scoped to /console. The token is never written
-into a URL, a page or a log. The cookie also carries a random nonce drawn at sign-in; the session's
-CSRF token is an HMAC of that nonce keyed by the token, so every sign-in gets a fresh one, nothing is
-stored on the server, and a page that shows it reveals nothing about the token.
+Signing in starts a session in the ledger (ledger/sessions.py) and puts only its random id in a
+cookie the browser keeps for its session (no Max-Age, no Expires), HttpOnly and SameSite=Strict.
+The bearer token is never in the cookie, a URL, a page or a log. Signing out deletes the session,
+so the cookie, or a copy of it, opens nothing afterwards.
 
-Every POST checks that CSRF token, and refuses a request the browser itself marks as cross-site
-(`Sec-Fetch-Site`). The sign-in form, before any session exists, is protected the same way by a
-one-off cookie whose value the form must echo back.
+Over HTTPS the cookie is `__Host-onceflow_console` (`Secure`, `Path=/`, no `Domain`): a browser
+takes a cookie of that name only from a secure page of this very host, so a plain-HTTP page on
+another port of the host, or a sibling host of the domain, cannot plant one; and the console reads
+no other name over HTTPS. Over plain HTTP (a laptop) it is `onceflow_console`, path `/console`.
+"Over HTTPS" is what the server sees: its own TLS, or `X-Forwarded-Proto: https` from a proxy that
+ONCEFLOW_FORWARDED_ALLOW_IPS trusts. A sign-in that an untrusted proxy says came over HTTPS is
+refused rather than answered with a cookie that would silently lack `Secure`.
+
+Every POST carries the session's CSRF token (an HMAC of the session id) and is refused when the
+browser marks it as cross-site (`Sec-Fetch-Site`). The sign-in form, before any session exists, is
+protected the same way by a one-off cookie whose value the form must echo back.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
 
 from fastapi import Request, Response
 
-from onceflow.ledger import OperatorToken, OperatorTokens
+from onceflow.ledger import ConsoleSession, ConsoleSessions
 
-SESSION_COOKIE = "onceflow_console"
+COOKIE = "onceflow_console"
 SIGN_IN_COOKIE = "onceflow_console_sign_in"
-COOKIE_PATH = "/console"
+PLAIN_PATH = "/console"
+HOST_PREFIX = "__Host-"
 
 
 class CrossSiteRequest(Exception):
     """A POST without the session's CSRF token, or one the browser says came from another site."""
 
 
-@dataclass(frozen=True)
-class Session:
-    operator: OperatorToken
-    token: str  # kept server-side for the request only: calls to the JSON API send it
-    csrf: str
+class UntrustedProxy(Exception):
+    """A request a proxy says came over HTTPS, from a proxy the API does not trust."""
 
 
-def _csrf_for(token: str, nonce: str) -> str:
-    return hmac.new(token.encode(), f"onceflow-console-csrf:{nonce}".encode(), hashlib.sha256).hexdigest()
+def over_https(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+def cookie_name(request: Request, name: str) -> str:
+    """The name a cookie has on this request's scheme: `__Host-` prefixed over HTTPS."""
+    return HOST_PREFIX + name if over_https(request) else name
 
 
 def _set_cookie(request: Request, response: Response, name: str, value: str) -> None:
+    secure = over_https(request)
     response.set_cookie(
-        name,
+        cookie_name(request, name),
         value,
-        path=COOKIE_PATH,
+        path="/" if secure else PLAIN_PATH,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure,
     )
 
 
-async def current_session(request: Request) -> Session | None:
-    """The signed-in operator, or None (no cookie, a malformed one, a revoked or unknown token)."""
-    nonce, _, token = request.cookies.get(SESSION_COOKIE, "").partition(".")
-    if not nonce or not token:
+def _delete_cookie(request: Request, response: Response, name: str) -> None:
+    # A browser drops a `__Host-` cookie only for a Set-Cookie that could have set it: Secure, Path=/.
+    secure = over_https(request)
+    response.delete_cookie(
+        cookie_name(request, name),
+        path="/" if secure else PLAIN_PATH,
+        secure=secure,
+        httponly=True,
+        samesite="strict",
+    )
+
+
+def check_proxy(request: Request) -> None:
+    """Refuse a request whose proxy says HTTPS when the server sees plain HTTP: the proxy is not
+    trusted, so the cookie would go out without `Secure` and under the plain name."""
+    said = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    if said == "https" and not over_https(request):
+        peer = request.client.host if request.client else "unknown"
+        raise UntrustedProxy(
+            f"this request came through a proxy ({peer}) that says the browser used HTTPS, but "
+            "the operator API does not trust it, so it cannot mark the session cookie Secure. Set "
+            f"ONCEFLOW_FORWARDED_ALLOW_IPS to the proxy's address (it is {peer}) and restart the API"
+        )
+
+
+def _session_id(request: Request) -> str:
+    return request.cookies.get(cookie_name(request, COOKIE), "")
+
+
+async def current_session(request: Request) -> ConsoleSession | None:
+    """The signed-in operator's live session, or None (no cookie, an ended or unknown session, a
+    revoked token)."""
+    secret = _session_id(request)
+    if not secret:
         return None
-    tokens: OperatorTokens = request.app.state.tokens
-    operator = await tokens.authenticate(token)
-    if operator is None:
-        return None
-    return Session(operator=operator, token=token, csrf=_csrf_for(token, nonce))
+    sessions: ConsoleSessions = request.app.state.console_sessions
+    return await sessions.resume(secret)
 
 
-def start_session(request: Request, response: Response, token: str) -> None:
-    _set_cookie(request, response, SESSION_COOKIE, f"{secrets.token_hex(16)}.{token}")
-    response.delete_cookie(SIGN_IN_COOKIE, path=COOKIE_PATH)
+def start_session(request: Request, response: Response, secret: str) -> None:
+    _set_cookie(request, response, COOKIE, secret)
+    _delete_cookie(request, response, SIGN_IN_COOKIE)
 
 
-def end_session(response: Response) -> None:
-    response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH)
+async def end_session(request: Request, response: Response) -> None:
+    """Sign out: the session's row is deleted, so the cookie and any copy of it open nothing."""
+    sessions: ConsoleSessions = request.app.state.console_sessions
+    await sessions.end(_session_id(request))
+    _delete_cookie(request, response, COOKIE)
 
 
 def new_sign_in_nonce() -> str:
@@ -101,7 +140,7 @@ async def keys_of(request: Request) -> list[str]:
     return [v for v in form.getlist("key") if isinstance(v, str)]
 
 
-def check_post(request: Request, session: Session, fields: dict[str, str]) -> None:
+def check_post(request: Request, session: ConsoleSession, fields: dict[str, str]) -> None:
     _same_site(request)
     if not hmac.compare_digest(fields.get("csrf", ""), session.csrf):
         raise CrossSiteRequest("the form's CSRF token does not match this session")
@@ -109,6 +148,6 @@ def check_post(request: Request, session: Session, fields: dict[str, str]) -> No
 
 def check_sign_in(request: Request, fields: dict[str, str]) -> None:
     _same_site(request)
-    expected = request.cookies.get(SIGN_IN_COOKIE, "")
+    expected = request.cookies.get(cookie_name(request, SIGN_IN_COOKIE), "")
     if not expected or not hmac.compare_digest(fields.get("csrf", ""), expected):
         raise CrossSiteRequest("the sign-in form expired or came from another site")

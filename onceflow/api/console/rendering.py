@@ -14,20 +14,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.responses import Response
 
+from onceflow.api.headers import SECURITY_HEADERS
+
 HERE = Path(__file__).resolve().parent
 # Every value a template prints is escaped (autoescape on for all templates, whatever their name).
 TEMPLATES = Jinja2Templates(
     env=jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
 )
 
-# No script at all, no third-party anything: the pages work offline and nothing can be injected.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
+# The API's own (no script, nothing from elsewhere), and pages are never cached: they show a tenant.
+PAGE_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}
 
 
 def _when(value: Any) -> datetime | None:
@@ -60,6 +56,28 @@ def age(value: Any, now: datetime | None = None) -> str:
     return " ".join(shown) or "0 s"
 
 
+def when_words(value: Any, now: datetime | None = None) -> str:
+    """When, as a person says it: `just now`, `4 minutes ago`, `2 hours ago`, `yesterday at 14:02
+    UTC`, or the date and time for anything older."""
+    when = _when(value)
+    if when is None:
+        return ""
+    now = now or datetime.now(UTC)
+    when = when.astimezone(UTC)
+    seconds = int((now - when).total_seconds())
+    if seconds < 10:
+        return "just now"
+    for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second")):
+        if seconds >= size:
+            count = seconds // size
+            if unit == "day":
+                break
+            return f"{count} {unit}{'' if count == 1 else 's'} ago, at {when:%H:%M} UTC"
+    if (now.date() - when.date()).days == 1:
+        return f"yesterday at {when:%H:%M} UTC"
+    return f"on {when:%Y-%m-%d} at {when:%H:%M} UTC"
+
+
 def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
@@ -85,16 +103,18 @@ def in_path(key: str) -> str:
     return quote(key, safe=":")
 
 
-TEMPLATES.env.filters.update(moment=moment, age=age, pretty=pretty, status_label=status_label, q=in_path)
+TEMPLATES.env.filters.update(
+    moment=moment, age=age, when_words=when_words, pretty=pretty, status_label=status_label, q=in_path
+)
 
 
 def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
     response = TEMPLATES.TemplateResponse(request, name, context, status_code=status_code)
-    response.headers.update(SECURITY_HEADERS)
+    response.headers.update(PAGE_HEADERS)
     return response
 
 
 def redirect(url: str) -> Response:
     response = RedirectResponse(url, status_code=303)
-    response.headers.update(SECURITY_HEADERS)
+    response.headers.update(PAGE_HEADERS)
     return response

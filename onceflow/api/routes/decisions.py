@@ -34,6 +34,7 @@ from onceflow.ledger import (
     Ledger,
     OperatorToken,
     RecordNotFoundError,
+    RepeatedDecision,
     ResendInFlightError,
     Status,
     ToolExecutionRecord,
@@ -81,7 +82,11 @@ def router(*, ledger: Ledger, client: Client) -> APIRouter:
             raise errors.evidence_required(exc, key) from None
         signalled = await tell_workflow(record, actor)
         await wake_held(ledger, record, client)
-        return DecisionResponse(execution=ToolExecutionView.of(record), run_signalled=signalled)
+        return DecisionResponse(
+            execution=ToolExecutionView.of(record),
+            run_signalled=signalled,
+            repeated=isinstance(record, RepeatedDecision),
+        )
 
     @routes.post("/v1/tool-executions/{key}/resolve", response_model=DecisionResponse, dependencies=JSON)
     async def resolve(key: Key, body: ResolveRequest, operator: Operator) -> DecisionResponse:

@@ -10,7 +10,16 @@ from onceflow.api import errors
 from onceflow.api.auth import Operator
 from onceflow.api.models import ToolExecutionList, ToolExecutionView
 from onceflow.api.problems import Problem
-from onceflow.api.routes.params import QUERY, STATUS_FILTER_PATTERN, STORABLE, Key, check_key, statuses
+from onceflow.api.routes.params import (
+    CURSOR_MAX,
+    QUERY,
+    STATUS_FILTER_PATTERN,
+    STORABLE,
+    TEXT_FILTER_MAX,
+    Key,
+    check_key,
+    statuses,
+)
 from onceflow.ledger import Ledger, RecordNotFoundError
 
 
@@ -40,11 +49,11 @@ def router(*, ledger: Ledger) -> APIRouter:
                 "matches none); false: none of them."
             ),
         ] = None,
-        tool: Annotated[str | None, Query(max_length=200, pattern=STORABLE)] = None,
-        agent: Annotated[str | None, Query(max_length=200, pattern=STORABLE)] = None,
+        tool: Annotated[str | None, Query(max_length=TEXT_FILTER_MAX, pattern=STORABLE)] = None,
+        agent: Annotated[str | None, Query(max_length=TEXT_FILTER_MAX, pattern=STORABLE)] = None,
         escalated: bool | None = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        cursor: Annotated[str | None, Query(max_length=1000)] = None,
+        cursor: Annotated[str | None, Query(max_length=CURSOR_MAX)] = None,
     ) -> ToolExecutionList:
         """The tenant's calls nobody can vouch for yet, and open conflicts, longest waiting first."""
         wanted = statuses(status)

@@ -22,8 +22,10 @@ from onceflow.ledger import Status
 _KEY_CHAR = r"[^\s\x00-\x1f\x7f-\x9f\ufeff/]"
 _KEY_START = r"[^\s\x00-\x1f\x7f-\x9f\ufeff:/]"
 KEY_PATTERN = rf"^{_KEY_START}{_KEY_CHAR}{{0,254}}:{_KEY_CHAR}{{1,255}}$"
-# Free-text filters: anything PostgreSQL can store.
+# Free-text filters: anything PostgreSQL can store, this long at most; and a page's cursor.
 STORABLE = r"^[^\x00]*$"
+TEXT_FILTER_MAX = 200
+CURSOR_MAX = 1000
 _KEY = re.compile(KEY_PATTERN)
 _LISTABLE = {Status.INDETERMINATE, Status.STARTED, Status.AWAITING_APPROVAL, Status.HELD}
 

@@ -7,8 +7,9 @@ async def issue_credit(account_id: str, amount_cents: int, context: ToolContext)
     ...
 
 The rooms: effects (read, write, external, destructive), guards (the `Guards` declaration and the
-ledger guard it becomes for a call), errors (what a tool raises to say how a call ended), and the
-toolset (Toolset, Tool, ToolContext, ReconcileOutcome). This package imports no more than the one
+ledger guard it becomes for a call), errors (what a tool raises to say how a call ended), the
+toolset (Toolset, Tool, ToolContext, ReconcileOutcome), and receivers (a receiver on onceflow's
+receiver kit, `kit_receiver`, whose lookup and fence reconcile the tool's unknown calls). This package imports no more than the one
 module it replaces did (pydantic and the ledger's records), so workflows may pass it through.
 """
 
@@ -29,6 +30,7 @@ from onceflow.sdk.tools.errors import (
     ToolRejectedError,
 )
 from onceflow.sdk.tools.guards import REPLACES_ARGUMENT, Guards, as_amount
+from onceflow.sdk.tools.receivers import HttpKitReceiver, ReceiverKit, kit_problem_error, kit_receiver
 from onceflow.sdk.tools.toolset import (
     CompensationHook,
     OutcomeStatus,
@@ -48,8 +50,10 @@ __all__ = [
     "CompensationHook",
     "Effect",
     "Guards",
+    "HttpKitReceiver",
     "InvalidToolArgumentsError",
     "OutcomeStatus",
+    "ReceiverKit",
     "ReconcileHook",
     "ReconcileOutcome",
     "Tool",
@@ -63,6 +67,8 @@ __all__ = [
     "as_amount",
     "destructive",
     "external",
+    "kit_problem_error",
+    "kit_receiver",
     "read",
     "to_jsonable",
     "write",

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
@@ -24,6 +24,9 @@ from onceflow.ledger import Guard, Heard, SideEffect, ToolExecutionRecord
 from onceflow.sdk.tools.effects import Effect
 from onceflow.sdk.tools.errors import InvalidToolArgumentsError, ToolKeyNotFoundError
 from onceflow.sdk.tools.guards import REPLACES_ARGUMENT, Guards, ledger_guard, split_replaces
+
+if TYPE_CHECKING:
+    from onceflow.sdk.tools.receivers import ReceiverKit
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,9 @@ class Tool:
     reconcile: ReconcileHook | None = None
     compensation: CompensationHook | None = None
     guards: Guards = field(default_factory=Guards)
+    # Its receiver serves onceflow's reconcile protocol (onceflow.sdk.tools.receivers): `reconcile`
+    # is then the protocol's lookup and fence, unless the tool declares a hook of its own.
+    receiver: ReceiverKit | None = None
 
     @property
     def side_effect(self) -> SideEffect:
@@ -226,7 +232,11 @@ class Toolset:
         reconcile: ReconcileHook | None = None,
         compensation: CompensationHook | None = None,
         guards: Guards | None = None,
+        receiver: ReceiverKit | None = None,
     ) -> Callable[[ToolFunction], Tool]:
+        """Register a tool. `receiver=kit_receiver(...)`: the receiver uses onceflow's receiver kit,
+        and unknown calls are reconciled with its lookup and fence (unless `reconcile` is given)."""
+
         def register(fn: ToolFunction) -> Tool:
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError(f"tool {fn.__name__!r} must be an async function")
@@ -234,6 +244,11 @@ class Toolset:
             if tool_name in self._tools:
                 raise ValueError(f"toolset {self.name!r} already has a tool named {tool_name!r}")
             context_parameter = _context_parameter(fn)
+            if receiver is not None and (context_parameter is None or not effect.changes_the_world):
+                raise TypeError(
+                    f"tool {tool_name!r}: a receiver on the kit is for tools that change the world and "
+                    "take the ToolContext (they send its idempotency key)"
+                )
             tool = Tool(
                 name=tool_name,
                 toolset=self.name,
@@ -242,9 +257,10 @@ class Toolset:
                 description=description or inspect.getdoc(fn) or tool_name,
                 arguments_model=_arguments_model(fn, tool_name, context_parameter),
                 context_parameter=context_parameter,
-                reconcile=reconcile,
+                reconcile=reconcile or (receiver.reconcile_hook() if receiver is not None else None),
                 compensation=compensation,
                 guards=guards or Guards(),
+                receiver=receiver,
             )
             self._tools[tool_name] = tool
             return tool

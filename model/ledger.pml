@@ -18,7 +18,7 @@ mtype = { FK0, NOT_ATTEMPTED, REJECTED, NOT_APPLIED, KDENIED, POLICY, GUARD, REL
 /* What a reservation answers (onceflow.ledger.Reservation), and DEADLINE: refused, the attempt's
  * activity deadline has passed (nothing written). */
 mtype = { O_NEW, O_RETRY, O_AWAIT, O_COMPLETED, O_INFLIGHT, O_SETTLED, O_HELD, O_REUSED, O_REFUSED,
-          O_DEADLINE, O_IGNORED, O_OK };
+          O_DEADLINE, O_IGNORED, O_OK, O_EARLY };
 
 #define NOKEY 255
 /* settled_by, besides an owner's token (1..MAXATT): */

@@ -99,10 +99,9 @@
 #ifndef STALE_OWNER_RESERVES
 #define STALE_OWNER_RESERVES 0  /* rule 6: an attempt reserves after its activity's deadline */
 #endif
-/* Found by this model, not fixed by issue 34 (1 = the code as it is on main; 0 = the fix proposed in
- * docs/reliability.md, "The protocol, model checked"):
- * UNKNOWN_LIVE_LEASE: the reconciler's hook and operators settle an indeterminate call whose owner's
- *   lease is live (the owner's own timeout made it unknown while its request may be on the wire).
+/* Found by this model after issue 34, and since fixed on main (1 = the code before the fix):
+ * UNKNOWN_LIVE_LEASE: the reconciler's hook settles "not there" inside the owner's lease (the
+ *   owner's own timeout made the call unknown while its request may be on the wire).
  * INSPECT_FORGETS_UNSENT: after a lost reservation answer, a retry that is itself lost leaves the
  *   workflow's inspection to make unknown a call the run knows was never sent. */
 #ifndef UNKNOWN_LIVE_LEASE

@@ -54,13 +54,19 @@ inline applied(k, t) {
 
 /* -- operators: settle (from the receiver's records), acknowledge a conflict, approve, deny,
  *    release, ask for a compensation, settle a compensation ------------------------------------ */
-/* Operators settle an unknown call: indeterminate, or started with its lease run out; and (unless
- * UNKNOWN_LIVE_LEASE) only once its lease has run out, as the reconciler does. */
-#define SETTLEABLE(x) ((st[x] == INDET || st[x] == STARTED) && (UNKNOWN_LIVE_LEASE && st[x] == INDET || LEASE_OVER(x)))
-#define OP_SETTLE(x) d_step { ops < OPS && SETTLEABLE(x) -> ops++; expire(x); \
+/* Operators settle an unknown call (indeterminate, or started with its lease run out) from what
+ * they checked at the receiver. Nothing holds them back inside the owner's lease (ledger/decisions.py:
+ * an operator decides on what they checked), so a "failed" decided while the owner's request could
+ * still land is the operator's own mistake if it does. */
+#define SETTLEABLE(x) (st[x] == INDET || (st[x] == STARTED && LEASE_OVER(x)))
+#define UNPROVEN(x) (eff[x] == 0 && (wirek[x] > 0 || sending[x]))
+#define OP_SETTLE(x) d_step { ops < OPS && SETTLEABLE(x) -> ops++; \
+    if :: st[x] == STARTED -> expire(x) :: else -> skip fi; \
+    mistaken[x] = mistaken[x] | UNPROVEN(x); \
     printf("@@ settle k=%d by=operator completed=%d", x, eff[x] > 0); settle(x, eff[x] > 0, BY_OPERATOR); \
     printf(" -> %e", out); row(x) }
-#define OP_MISTAKE(x) d_step { ops < OPS && mistakes < MISTAKES && SETTLEABLE(x) -> ops++; mistakes++; expire(x); \
+#define OP_MISTAKE(x) d_step { ops < OPS && mistakes < MISTAKES && SETTLEABLE(x) -> ops++; mistakes++; \
+    if :: st[x] == STARTED -> expire(x) :: else -> skip fi; \
     mistaken[x] = 1; printf("@@ settle k=%d by=operator completed=%d", x, eff[x] == 0); \
     settle(x, eff[x] == 0, BY_OPERATOR); printf(" -> %e", out); row(x) }
 #define OP_ACK(x) d_step { ops < OPS && cf[x] -> ops++; \
@@ -81,27 +87,32 @@ inline applied(k, t) {
     if :: nudge[x] = 1 :: skip fi }
 
 /* -- the reconciler: the tool's hook looks the key up at the receiver (the kit fences an absent
- *    key first), then settles; if someone settled first, its answer is a late outcome. Without
- *    mistakes the look and the settlement are one step (every honest decider then says the same
- *    once the lease has run out, so nothing can come between them that matters). ------------- */
-#define RECON_GUARD(x) HOOK && recon[x] && rv[x] == 0 && st[x] == INDET && (INSPECT_LIVE_LEASE || UNKNOWN_LIVE_LEASE || LEASE_OVER(x))
+ *    key first), then settles; if someone settled first, its answer is a late outcome. A plain
+ *    hook's "not there" is proof only once the owner's request can no longer land: inside the lease
+ *    the ledger refuses it (OwnerLeaseLiveError, the round leaves the call as it is); "found" and a
+ *    fence are proof at once (activities/reconcile.py). Without mistakes the look and the settlement
+ *    are one step (honest answers cannot contradict each other, so nothing between them matters). */
+#define OLD_RECONCILE (INSPECT_LIVE_LEASE || UNKNOWN_LIVE_LEASE)
+#define PROOF(x) (rv[x] == 1 || RECEIVER == R_KIT || OLD_RECONCILE)
+#define RECON_GUARD(x) HOOK && recon[x] && rv[x] == 0 && st[x] == INDET
 #define RECON_VERDICT(x) \
-    if :: !INSPECT_LIVE_LEASE && !UNKNOWN_LIVE_LEASE -> expire(x) :: else -> skip fi; \
     if :: RECEIVER == R_KIT && !seen[x] -> fenced[x] = 1 :: else -> skip fi; \
     if :: seen[x] || eff[x] > 0 -> rv[x] = 1 :: else -> rv[x] = 2 fi
-#define RECON_SETTLE(x) d_step { rv[x] != 0 -> \
+#define RECON_SETTLE_NOW(x) \
+    if :: !PROOF(x) -> expire(x) :: else -> skip fi; \
     printf("@@ settle k=%d by=reconciler completed=%d", x, rv[x] == 1); settle(x, rv[x] == 1, BY_RECONCILER); \
     if :: out == O_SETTLED -> late_outcome(x, rv[x] == 1) :: else -> mistaken[x] = mistaken[x] | rvm[x] fi; \
-    printf(" -> %e", out); row(x); rv[x] = 0; rvm[x] = 0 }
+    printf(" -> %e", out); row(x); rv[x] = 0; rvm[x] = 0
+#define RECON_SETTLE(x) d_step { rv[x] != 0 && (PROOF(x) || LEASE_OVER(x)) -> RECON_SETTLE_NOW(x) }
+#define RECON_EARLY(x) d_step { rv[x] == 2 && !PROOF(x) && !LEASE_OVER(x) -> \
+    printf("@@ settle k=%d by=reconciler completed=0 -> %e", x, O_EARLY); row(x); rv[x] = 0; rvm[x] = 0 }
 #if MISTAKES
 #define RECON_LOOK(x) atomic { RECON_GUARD(x) -> RECON_VERDICT(x); \
     if :: mistakes < MISTAKES -> mistakes++; rv[x] = 3 - rv[x]; rvm[x] = 1 :: skip fi; \
     printf("@@ lookup k=%d found=%d\n", x, rv[x] == 1) }
 #else
-#define RECON_LOOK(x) d_step { RECON_GUARD(x) -> RECON_VERDICT(x); \
-    printf("@@ lookup k=%d found=%d\n", x, rv[x] == 1); \
-    printf("@@ settle k=%d by=reconciler completed=%d", x, rv[x] == 1); settle(x, rv[x] == 1, BY_RECONCILER); \
-    printf(" -> %e", out); row(x); rv[x] = 0 }
+#define RECON_LOOK(x) d_step { RECON_GUARD(x) && (seen[x] || eff[x] > 0 || RECEIVER == R_KIT || OLD_RECONCILE \
+    || LEASE_OVER(x)) -> RECON_VERDICT(x); printf("@@ lookup k=%d found=%d\n", x, rv[x] == 1); RECON_SETTLE_NOW(x) }
 #endif
 
 bit rvm[NK];
@@ -126,6 +137,7 @@ end:
     EACH(OP_COMP_SETTLE)
     EACH(RECON_LOOK)
     EACH(RECON_SETTLE)
+    EACH(RECON_EARLY)
     od
 }
 

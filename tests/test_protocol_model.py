@@ -59,7 +59,7 @@ DIVERGES_AT: dict[str, str | None] = {
     "INSPECT_LIVE_LEASE": "inspect",
     "STALE_OWNER_RESERVES": "reserve",
     "COMP_NUDGE_ONLY": None,
-    "UNKNOWN_LIVE_LEASE": None,
+    "UNKNOWN_LIVE_LEASE": "settle",
     "INSPECT_FORGETS_UNSENT": None,
 }
 

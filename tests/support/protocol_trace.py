@@ -43,6 +43,8 @@ from onceflow.ledger import (
 # The ledger before issue 34 (heard as bare tool call ids, no attempt deadline, an inspector that
 # ignores the lease) is replayed too, to hold the old rules' traces to the code that had them.
 BEFORE_ISSUE_34 = "not_after" not in inspect.signature(Ledger.reserve).parameters
+# The reconciler's "not there" waits for the owner's lease (issue 40's F1) since `after_owner_lease`.
+HOOK_WAITS_FOR_LEASE = "after_owner_lease" in inspect.signature(Ledger.settle).parameters
 
 TENANT = "t1"
 TOOL = "issue_credit"
@@ -311,6 +313,10 @@ class Replay:
         reconciler = step.args["by"] == "reconciler"
         actor = RECONCILER if reconciler else OPERATOR
         source = EventSource.RECONCILER if reconciler else EventSource.API
+        # activities/reconcile.py: a plain hook's "not there" is proof only after the owner's lease
+        waits: dict[str, Any] = {}
+        if HOOK_WAITS_FOR_LEASE and reconciler and not completed:
+            waits["after_owner_lease"] = self.knobs.get("RECEIVER") != "R_KIT"
         try:
             await self.ledger.settle(
                 key,
@@ -320,8 +326,13 @@ class Replay:
                 evidence=EVIDENCE,
                 result={"credit": key} if completed else None,
                 source=source,
+                **waits,
             )
-        except InvalidTransitionError:
+        except LedgerError as exc:
+            if type(exc).__name__ == "OwnerLeaseLiveError":
+                return "O_EARLY"  # the round leaves the call as it is; the next one asks again
+            if not isinstance(exc, InvalidTransitionError):
+                raise
             if reconciler:  # activities/reconcile.py: a late outcome, a conflict if it contradicts
                 await self.ledger.record_late_outcome(key, actor=actor, status=status, evidence=EVIDENCE)
             return "O_SETTLED"

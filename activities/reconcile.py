@@ -229,7 +229,13 @@ class ReconcileActivities:
             # An operator (or another reconciler) got there first; theirs stands, ours is noted,
             # and if ours contradicts theirs the call is flagged as a conflict.
             settled = await self.ledger.record_late_outcome(
-                record.key, actor=RECONCILER, status=status, evidence=evidence, source=EventSource.RECONCILER
+                record.key,
+                actor=RECONCILER,
+                status=status,
+                evidence=evidence,
+                result=result,
+                result_reference=result_reference,
+                source=EventSource.RECONCILER,
             )
             if settled.has_conflict:
                 await tell_run_of_conflict(settled)

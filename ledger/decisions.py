@@ -196,13 +196,16 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
         status: Status,
         evidence: Any = None,
         detail: Any = None,
+        result: Any = None,
+        result_reference: str | None = None,
         source: EventSource = EventSource.RECONCILER,
     ) -> ToolExecutionRecord:
         """A definite outcome (a reconcile hook's) that arrived after someone else settled the call.
 
         The decision stands. If the outcome agrees, it is appended as a `late_outcome` event; if it
-        contradicts the decision, the call is flagged as a conflict (see ledger.conflicts). The same
-        report again (a retried step) adds nothing. Returns the record as it stands.
+        contradicts the decision, the call is flagged as a conflict (see ledger.conflicts), keeping
+        the hook's result so that an acknowledgement as `completed` gives the call that result. The
+        same report again (a retried step) adds nothing. Returns the record as it stands.
         """
         async with self.connection("record_late_outcome", key=key) as conn, conn.transaction():
             row = await conn.fetchrow(queries.SELECT_RECORD_FOR_UPDATE, key)
@@ -233,7 +236,7 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
                     source=source,
                     reported=status,
                     evidence=evidence,
-                    outcome={"detail": detail} if detail is not None else None,
+                    outcome=_reported(detail=detail, result=result, result_reference=result_reference),
                 )
             await self.insert_event(
                 conn,
@@ -308,3 +311,9 @@ class OperatorDecisions(ConflictFlags, LockedDecisions):
                 evidence=evidence,
             )
         return to_record(updated)
+
+
+def _reported(**fields: Any) -> dict[str, Any] | None:
+    """What a late report carried, without the fields it left out."""
+    kept = {name: value for name, value in fields.items() if value is not None}
+    return kept or None

@@ -155,6 +155,29 @@ async def test_acknowledging_closes_the_conflict_and_leaves_the_decision(ledger:
     assert events[-1].evidence == {"ticket": "OPS-7"} and events[-1].source is EventSource.API
 
 
+async def test_a_hooks_result_reported_late_is_the_calls_result_once_acknowledged_completed(
+    ledger: Ledger,
+) -> None:
+    """An operator said "failed"; the reconcile hook then found the credit. Acknowledged as
+    `completed`, the call carries the credit the hook found, so a repeat handed its result is told
+    the credit id, not a null."""
+    key = await indeterminate(ledger)
+    await ledger.settle(key, status=Status.FAILED, actor="operator:alice", reason="not in billing")
+    flagged = await ledger.record_late_outcome(
+        key,
+        actor="reconciler",
+        status=Status.COMPLETED,
+        evidence={"found": "cr_9"},
+        result={"credit_id": "cr_9"},
+        result_reference="billing:cr_9",
+    )
+    assert flagged.conflict_detail["result"] == {"credit_id": "cr_9"}
+    acknowledged = await ledger.acknowledge_conflict(
+        key, actor="operator:bob", status=Status.COMPLETED, reason="billing has it", evidence={"t": 1}
+    )
+    assert (acknowledged.status, acknowledged.result) == (Status.COMPLETED, {"credit_id": "cr_9"})
+
+
 async def test_acknowledging_a_call_without_a_conflict_is_refused(ledger: Ledger) -> None:
     key = await indeterminate(ledger)
     with pytest.raises(ConflictNotOpenError, match="none was flagged"):

@@ -192,6 +192,31 @@ async def test_migrate_false_refuses_a_ledger_behind_the_code_then_serves_once_m
         await drop_database(postgres_dsn, name)
 
 
+async def test_the_production_profile_stops_a_plugin_worker_on_a_ledger_that_can_lose_writes(
+    temporal_env: WorkflowEnvironment, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test's PostgreSQL has no synchronous standby: under ONCEFLOW_PROFILE=production a worker
+    hosting onceflow through the plugin alone refuses to poll, naming the setting; declared as a
+    managed service's copy, the same worker starts."""
+    monkeypatch.setenv("ONCEFLOW_PROFILE", "production")
+    onceflow = OnceflowPlugin(database_url, agents=[WRITES])
+    client = await Client.connect(
+        temporal_env.client.service_client.config.target_host,
+        namespace=temporal_env.client.namespace,
+        plugins=[onceflow],
+    )
+    worker = Worker(client, task_queue=f"tq-{uuid.uuid4().hex[:8]}", workflows=[PydanticBillingWorkflow])
+    with pytest.raises(OnceflowStartupError, match="synchronous_standby") as refused:
+        await worker.run()
+    assert "production" in str(refused.value) and not onceflow.ready.is_set()
+    assert not onceflow.ledger.is_open
+
+    monkeypatch.setenv("ONCEFLOW_LEDGER_REPLICATION", "managed")
+    worker = Worker(client, task_queue=f"tq-{uuid.uuid4().hex[:8]}", workflows=[PydanticBillingWorkflow])
+    async with worker:
+        await asyncio.wait_for(onceflow.ready.wait(), 30)
+
+
 async def test_a_worker_whose_client_cannot_carry_onceflows_payloads_is_refused_when_built(
     temporal_env: WorkflowEnvironment, database_url: str
 ) -> None:

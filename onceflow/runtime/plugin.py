@@ -12,8 +12,9 @@ that client (or given the plugin itself): onceflow's workflows and activities, b
 and the agents; the workflow sandbox taking onceflow's modules and asyncpg as they are; the tracing
 interceptor and `OnceflowInterceptor` (onceflow/adapters/heard.py).
 
-When a worker starts, before it polls: the ledger is reached and migrated (or only checked), the
-namespace's search attributes are registered (or only checked), the agents' MCP servers are
+When a worker starts, before it polls: the ledger is reached and migrated (or only checked), its
+database's durability settings are checked (onceflow/runtime/ledger_check.py), the namespace's
+search attributes are registered (or only checked), the agents' MCP servers are
 started. Anything wrong stops the worker with `OnceflowStartupError`, which names the problem and
 how to fix it: a worker never polls for runs it would leave stuck. onceflow's own worker
 (`onceflow worker`, worker.py) is built on this plugin too (onceflow/runtime/worker.py).
@@ -49,6 +50,7 @@ from onceflow.runtime.client import (
     search_attribute_commands,
 )
 from onceflow.runtime.config import Settings
+from onceflow.runtime.ledger_check import check_ledger_at_start
 from onceflow.runtime.lost_calls import reconcile_restored
 from onceflow.runtime.telemetry import configure_tracing, tracing_interceptor
 from onceflow.workflows import ALL_WORKFLOWS
@@ -93,6 +95,11 @@ class OnceflowPlugin(SimplePlugin):
       call (activities/signal_door.py). None: the deployment's, from ONCEFLOW_SIGNALS and
       ONCEFLOW_SIGNAL_KEY (`verified` unless it says `open`: only an operator assertion the API
       signed settles a call); `SignalDoor()` is open.
+    - `check_durability`: True: check the ledger database's settings that can lose an acknowledged
+      write (fsync, synchronous_commit, a synchronous standby, a transaction pooler, ...) when the
+      first worker starts, under ONCEFLOW_PROFILE and ONCEFLOW_LEDGER_REPLICATION: `production`
+      refuses to start naming each unsafe setting, `development` logs them, a transaction pooler is
+      refused in both. False: the caller checks (onceflow's own worker does, with its settings).
     """
 
     def __init__(
@@ -105,6 +112,7 @@ class OnceflowPlugin(SimplePlugin):
         migrate: bool = True,
         search_attributes: Literal["register", "check"] = "register",
         signal_door: SignalDoor | None = None,
+        check_durability: bool = True,
     ) -> None:
         if database_url and ledger is not None:
             raise ValueError("OnceflowPlugin takes database_url or ledger, not both")
@@ -123,6 +131,7 @@ class OnceflowPlugin(SimplePlugin):
             signal_door = SignalDoor.from_settings(settings.signals, settings.signal_key)
         self.signal_door = signal_door
         self._search_attributes = search_attributes
+        self._check_durability = check_durability
         self._users = 0
         self._lock = asyncio.Lock()
         self._reconciles_restored = False
@@ -226,6 +235,12 @@ class OnceflowPlugin(SimplePlugin):
             raise OnceflowStartupError(
                 "cannot start the worker: the ledger given to OnceflowPlugin is closed"
             )
+        if self._check_durability:
+            try:
+                await check_ledger_at_start(self.ledger, Settings.from_env())
+            except SystemExit as exc:
+                await self._close_ledger()
+                raise OnceflowStartupError(str(exc)) from None
         if self.registry.mcp_servers and not self.registry.mcp_attached:
             from onceflow.mcp.runtime import McpStartupError, start_mcp_toolsets
             from onceflow.runtime.agents import AgentConfigError

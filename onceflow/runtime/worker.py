@@ -73,6 +73,8 @@ def build_worker(
         agents=registry,
         search_attributes=search_attributes,
         signal_door=signal_door or SignalDoor(),
+        # run_worker checks the ledger's durability with its own settings before it builds one.
+        check_durability=False,
     )
     return Worker(
         client,

@@ -173,7 +173,11 @@ async def lose_the_conversation(run_id: str) -> str:
     """Delete the run's stored conversation, as a failover to a standby that lacked it would."""
     conn = await asyncpg.connect(_DSN[0])
     try:
-        await conn.execute("DELETE FROM conversation_messages WHERE run_id = $1", run_id)
+        # A purge's guard (ledger/definitions/conversation_retention.sql) refuses any other DELETE;
+        # a failover loses rows without a DELETE, so the test goes around the trigger as a replica.
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute("DELETE FROM conversation_messages WHERE run_id = $1", run_id)
     finally:
         await conn.close()
     return "gone"

@@ -110,6 +110,12 @@
 #ifndef INSPECT_FORGETS_UNSENT
 #define INSPECT_FORGETS_UNSENT 0
 #endif
+/* Found by the larger bounds (a reset, a crash, a slow attempt) after F1 and F2:
+ * INSPECT_REUSED_AS_IS: an inspection reads a reused call back as `completed` with its source's
+ *   result though an operator compensated the source since (the reserve path told it so). */
+#ifndef INSPECT_REUSED_AS_IS
+#define INSPECT_REUSED_AS_IS 0
+#endif
 #ifndef COMP_NUDGE_ONLY
 #define COMP_NUDGE_ONLY 0       /* rule 7: CompensationWorkflow waits for a nudge, no timer */
 #endif

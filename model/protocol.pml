@@ -335,7 +335,14 @@ inline inspect(k) {
         :: else -> skip
         fi;
         printf(" -> %e", O_OK); row(k);
-        read_row(k)
+        read_row(k);
+        /* a reused call read back after the call it was given was undone: the model is told that
+           it was compensated (activities/outcomes.py as_told), as on the reserve path */
+        if
+        :: !INSPECT_REUSED_AS_IS && st[k] == COMPLETED && rf[k] != NOKEY && st[rf[k]] == COMPENSATED ->
+            cst = COMPENSATED; cok = 1
+        :: else -> skip
+        fi
     }
 }
 

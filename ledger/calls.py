@@ -29,7 +29,7 @@ from onceflow.ledger.errors import (
 )
 from onceflow.ledger.guarded import GuardedReservations
 from onceflow.ledger.guards import Guard
-from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
+from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, completed, to_record
 from onceflow.ledger.run_ids import RunIds
 from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
 from onceflow.sdk.keys import call_key
@@ -253,7 +253,24 @@ class CallPath(GuardedReservations, ConflictFlags):
         self, key: str, *, owner: str, result: Any, result_reference: str | None = None
     ) -> ToolExecutionRecord:
         """The owner reports success. Anyone else's report, or a late one, is logged and ignored."""
+        reserved = self.acknowledged.latest(key)
         async with self.connection("complete", key=key) as conn:
+            if reserved is not None and reserved.owner == owner and reserved.status is Status.STARTED:
+                # This process reserved it: only what the completion sets comes back, if the row is
+                # still the one the reservation answered (queries.COMPLETE_RESERVED).
+                row = await conn.fetchrow(
+                    queries.COMPLETE_RESERVED,
+                    key,
+                    owner,
+                    to_json(result),
+                    result_reference,
+                    reserved.updated_at,
+                )
+                if row is not None:
+                    record = completed(reserved, row, result_reference)
+                    self.acknowledge(record)
+                    self.annotate(record)
+                    return record
             row = await conn.fetchrow(queries.COMPLETE_STARTED, key, owner, to_json(result), result_reference)
             if row is not None:
                 record = to_record(row)

@@ -171,6 +171,26 @@ def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = Non
     return record
 
 
+def completed(
+    reserved: ToolExecutionRecord, row: asyncpg.Record, result_reference: str | None
+) -> ToolExecutionRecord:
+    """The record of a call its owner completed, from the record its reservation answered (the row
+    as it stood until this completion: queries.COMPLETE_RESERVED wrote only over that row) and what
+    the completion returned. The same record `to_record` makes of the whole row (tests/test_ledger.py)."""
+    result = row["result"]
+    return reserved.model_copy(
+        update={
+            "status": Status.COMPLETED,
+            "result": None if result is None else json.loads(result),
+            "result_reference": result_reference,
+            "settled_at": row["settled_at"],
+            "settled_by": reserved.owner,
+            "updated_at": row["updated_at"],
+            "holds_calls": row["holds_calls"],
+        }
+    )
+
+
 class RepeatedDecision(ToolExecutionRecord):
     """The record as it stands, answering a decision that was already recorded exactly so (the same
     actor deciding the same again: a retried request, or a second browser tab): nothing was written.

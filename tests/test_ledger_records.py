@@ -21,8 +21,10 @@ from onceflow.ledger import (
     CallIdentity,
     EventSource,
     FailureKind,
+    Guard,
     Ledger,
     OutcomeIgnoredError,
+    Reservation,
     SideEffect,
     Status,
     ToolExecutionRecord,
@@ -159,3 +161,62 @@ async def test_a_row_short_of_a_column_is_validated_and_refused(ledger: Ledger) 
         row = await conn.fetchrow("SELECT key, status, payload FROM tool_executions WHERE key = $1", call.key)
     with pytest.raises(pydantic.ValidationError, match="tenant"):
         to_record(row)
+
+
+async def test_a_completion_built_from_its_reservation_is_the_row_it_wrote(ledger: Ledger) -> None:
+    """`complete` builds the completed record from the reservation this process holds and the few
+    columns the completion returns (queries.COMPLETE_RESERVED). Whatever happened to the row in
+    between, the record is the row's, to the order of its result's keys, and one event says so."""
+    run = f"rec-{uuid.uuid4().hex[:8]}"
+    result = {"credit_id": "cr_1", "amount_cents": 500, "lines": [{"zz": 1, "a": None}], "n": 1.50}
+
+    async def reserve(call_id: str, guard: Guard | None = None) -> str:
+        call = CallIdentity(tenant="t", run_id=run, tool_call_id=call_id)
+        reserved = await ledger.reserve(
+            call,
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments={"account_id": call_id},  # no twins: each its own payload
+            owner="w1",
+            guard=guard,
+        )
+        assert reserved.outcome is Reservation.NEW, call_id
+        return call.key
+
+    async def completes_as_stored(key: str) -> ToolExecutionRecord:
+        record = await ledger.complete(key, owner="w1", result=result, result_reference="ref-1")
+        stored = to_record(await _row(ledger, key))
+        assert record == stored, key
+        assert record.model_dump_json() == stored.model_dump_json(), key  # keys in the row's order
+        kinds = [e.kind for e in (await ledger.get(key, with_events=True)).events]
+        assert kinds[-1] == "completed" and kinds.count("completed") == 1, kinds
+        return record
+
+    # Nothing happened in between (the unguarded and the guarded reservation).
+    await completes_as_stored(await reserve("plain"))
+    guarded = await completes_as_stored(await reserve("guarded", Guard()))
+    assert not guarded.holds_calls
+    # A twin was held behind it meanwhile: marked, without touching updated_at.
+    other = f"rec2-{uuid.uuid4().hex[:8]}"
+    first = CallIdentity(tenant="t", run_id=other, tool_call_id="first")
+    twin = CallIdentity(tenant="t", run_id=other, tool_call_id="twin")
+    for call, outcome in ((first, Reservation.NEW), (twin, Reservation.HELD)):
+        reserved = await ledger.reserve(
+            call,
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments={"account_id": "acct_2"},
+            owner="w1",
+            guard=Guard(),
+        )
+        assert reserved.outcome is outcome
+    assert (await completes_as_stored(first.key)).holds_calls
+    # Escalated meanwhile: the row moved on, and the completion reads it whole instead.
+    escalated = await reserve("escalated")
+    await ledger.escalate(escalated, owner="ops", actor="reconciler", reason="slow")
+    assert (await completes_as_stored(escalated)).escalated_to == "ops"
+    # Another owner's reservation answer held here does not complete the call for this owner.
+    taken = await reserve("taken")
+    with pytest.raises(OutcomeIgnoredError):
+        await ledger.complete(taken, owner="w2", result=result)
+    assert (await completes_as_stored(taken)).settled_by == "w1"

@@ -18,6 +18,7 @@ every statement and fails if one addresses a key through any index but the key's
 """
 
 from onceflow.ledger.queries.calls import (
+    COMPLETE_RESERVED,
     COMPLETE_STARTED,
     FAIL_STARTED,
     INSERT_EVENT,
@@ -129,6 +130,7 @@ __all__ = [
     "CLAIM_OF_REQUEST",
     "CLAIM_RUN_ID",
     "CLIENT_ADDRESS",
+    "COMPLETE_RESERVED",
     "COMPLETE_STARTED",
     "CONVERSATION_BYTES",
     "CONVERSATION_CANDIDATES",

@@ -162,6 +162,12 @@ def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = Non
         if value is not None:
             data[name] = members[value]
     data["events"] = events or []
+    return built_record(data)
+
+
+def built_record(data: dict[str, Any]) -> ToolExecutionRecord:
+    """A record of `data`, which holds every field (`events` too) as the record's type: trusted
+    values, not validated again (see `to_record`)."""
     record = ToolExecutionRecord.__new__(ToolExecutionRecord)
     # What pydantic's `model_construct` sets, without its pass over defaults (every field is here).
     object.__setattr__(record, "__dict__", data)

@@ -220,3 +220,43 @@ async def test_a_completion_built_from_its_reservation_is_the_row_it_wrote(ledge
     with pytest.raises(OutcomeIgnoredError):
         await ledger.complete(taken, owner="w2", result=result)
     assert (await completes_as_stored(taken)).settled_by == "w1"
+
+
+async def test_a_guarded_reservation_answered_briefly_is_the_row_it_wrote(ledger: Ledger) -> None:
+    """A call the guarded function inserted as sent comes back without its row
+    (queries.GUARDED_RESERVE_BRIEF); its record, built from what was sent, is the row's, to the
+    order of the payload's keys. Every other answer (held, reused, refused, awaiting approval, a
+    replacement, a retry) carries the row, and is the row's too."""
+    run = f"rec-{uuid.uuid4().hex[:8]}"
+
+    async def reserve(call_id: str, guard: Guard, **options: Any) -> tuple[Reservation, ToolExecutionRecord]:
+        call = CallIdentity(tenant="t", run_id=run, tool_call_id=call_id, agent="billing")
+        reserved = await ledger.reserve(
+            call,
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments=options.pop("arguments", {"account_id": call_id, "zz": [1, {"b": True, "aa": None}]}),
+            owner="w1",
+            guard=guard,
+            **options,
+        )
+        stored = to_record(await _row(ledger, call.key))
+        assert reserved.record == stored, call_id
+        assert reserved.record.model_dump_json() == stored.model_dump_json(), call_id
+        return reserved.outcome, reserved.record
+
+    assert (await reserve("intent", Guard()))[0] is Reservation.NEW
+    budget = Guard(
+        entity="ord_1", exclusive=True, amount=Decimal("2.50"), limit=Decimal("1E+3"), currency="EUR"
+    )
+    outcome, record = await reserve("budget", budget.model_copy(update={"toolset": "billing"}))
+    assert outcome is Reservation.NEW and record.amount == Decimal("2.50") and record.toolset == "billing"
+    assert (await reserve("busy", budget))[0] is Reservation.HELD
+    assert (await reserve("waits", Guard(), approval=True))[0] is Reservation.AWAITING_APPROVAL
+    await ledger.fail(f"{run}:intent", owner="w1", kind=FailureKind.REJECTED, error="no")
+    outcome, record = await reserve("next", Guard(replaces=f"{run}:intent"))
+    assert outcome is Reservation.NEW and record.replaces == f"{run}:intent"
+    assert (await reserve("intent", Guard()))[0] is Reservation.RETRY
+    await ledger.complete(f"{run}:intent", owner="w1", result={"ok": 1})
+    same = {"account_id": "intent", "zz": [1, {"b": True, "aa": None}]}
+    assert (await reserve("again", Guard(), arguments=same))[0] is Reservation.REUSED

@@ -73,6 +73,7 @@ from onceflow.ledger.queries.failover import (
 from onceflow.ledger.queries.guards import (
     ENTITY_BUDGET_USED,
     GUARDED_RESERVE,
+    GUARDED_RESERVE_BRIEF,
     GUARDED_RESERVE_CLAIMING,
 )
 from onceflow.ledger.queries.lineage import (
@@ -150,6 +151,7 @@ __all__ = [
     "FAIL_STARTED",
     "FLAG_CONFLICT",
     "GUARDED_RESERVE",
+    "GUARDED_RESERVE_BRIEF",
     "GUARDED_RESERVE_CLAIMING",
     "HELD_BEHIND",
     "HELD_RUNS_BEHIND",

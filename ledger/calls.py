@@ -29,7 +29,14 @@ from onceflow.ledger.errors import (
 )
 from onceflow.ledger.guarded import GuardedReservations
 from onceflow.ledger.guards import Guard
-from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, completed, to_record
+from onceflow.ledger.records import (
+    Reservation,
+    ReserveResult,
+    ToolExecutionRecord,
+    completed,
+    reserve_result,
+    to_record,
+)
 from onceflow.ledger.run_ids import RunIds
 from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
 from onceflow.sdk.keys import call_key
@@ -208,7 +215,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                         outcome = Reservation.AWAITING_APPROVAL
                     self.acknowledge(record)
                     self.annotate(record, outcome)
-                    return ReserveResult(outcome=outcome, record=record)
+                    return reserve_result(outcome, record)
                 existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
                 if not_after is not None and (existing is None or existing["status"] == Status.FAILED):
                     # Nothing was taken where a fresh or failed key would be: past the deadline?
@@ -230,7 +237,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     record = to_record(claimed)
                     self.acknowledge(record)
                     self.annotate(record, Reservation.NEW)
-                    return ReserveResult(outcome=Reservation.NEW, record=record)
+                    return reserve_result(Reservation.NEW, record)
                 # A failed call that was ever in conflict is not re-sent (open: its owner says it
                 # took effect; acknowledged: an operator set its final status), nor a final refusal.
                 final = record.failure_kind is not None and record.failure_kind.is_final
@@ -238,7 +245,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
                     self.annotate(record, outcome)
                     metrics.record_replay(record)
-                    return ReserveResult(outcome=outcome, record=record)
+                    return reserve_result(outcome, record)
             else:
                 raise LedgerUnavailableError(
                     f"reserving {call.key!r} kept racing other reservations; nothing was sent"

@@ -34,7 +34,15 @@ from onceflow.ledger.errors import (
     TenantMismatchError,
 )
 from onceflow.ledger.guards import Action, Guard, GuardArgumentError, Heard
-from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, built_record, to_record
+from onceflow.ledger.records import (
+    STATUSES,
+    Reservation,
+    ReserveResult,
+    ToolExecutionRecord,
+    built_record,
+    reserve_result,
+    to_record,
+)
 from onceflow.ledger.run_ids import RunIdTakenError
 from onceflow.ledger.status import EventSource, SideEffect, Status
 
@@ -112,7 +120,7 @@ def statement_values(
     )
 
 
-def _inserted(row: asyncpg.Record, values: tuple[Any, ...]) -> ToolExecutionRecord:
+def _inserted(row: asyncpg.Record, values: tuple[Any, ...], side_effect: SideEffect) -> ToolExecutionRecord:
     """The record of a call the function inserted as sent (queries.GUARDED_RESERVE_BRIEF answered
     without the row): the values it was given (`statement_values`), and what the row holds that the
     caller cannot know. What both of the function's inserts write for such a call, column for column
@@ -126,8 +134,8 @@ def _inserted(row: asyncpg.Record, values: tuple[Any, ...]) -> ToolExecutionReco
             "tool_call_id": values[4],
             "agent": values[5],
             "tool_name": values[6],
-            "side_effect": SideEffect(values[7]),
-            "status": Status(row["status"]),
+            "side_effect": side_effect,
+            "status": STATUSES[row["status"]],
             "payload": json.loads(payload),
             "payload_sha256": values[9],
             "attempt": 1,
@@ -216,7 +224,7 @@ class GuardedReservations(LedgerBase):
                     assert row is not None  # the function always returns one row
                     if execution is None:
                         stored = row["record"]
-                        record = _inserted(row, values) if stored is None else to_record(stored)
+                        record = _inserted(row, values, side_effect) if stored is None else to_record(stored)
                     else:
                         record = to_record(row)
                     return self._answer(row, record, key, payload)  # inside the ledger.reserve span
@@ -258,4 +266,4 @@ class GuardedReservations(LedgerBase):
             metrics.record_guard_verdict(record.tool_name, action)
             if row["previous_status"] == Status.HELD and record.status.is_settled:
                 metrics.record_settled(record, Status.HELD, EventSource.GUARD, row["previous_updated_at"])
-        return ReserveResult(outcome=outcome, record=record)
+        return reserve_result(outcome, record)

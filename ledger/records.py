@@ -182,19 +182,33 @@ def completed(
 ) -> ToolExecutionRecord:
     """The record of a call its owner completed, from the record its reservation answered (the row
     as it stood until this completion: queries.COMPLETE_RESERVED wrote only over that row) and what
-    the completion returned. The same record `to_record` makes of the whole row (tests/test_ledger.py)."""
+    the completion returned. The same record `to_record` makes of the whole row
+    (tests/test_ledger_records.py)."""
+    data = dict(reserved.__dict__)
     result = row["result"]
-    return reserved.model_copy(
-        update={
-            "status": Status.COMPLETED,
-            "result": None if result is None else json.loads(result),
-            "result_reference": result_reference,
-            "settled_at": row["settled_at"],
-            "settled_by": reserved.owner,
-            "updated_at": row["updated_at"],
-            "holds_calls": row["holds_calls"],
-        }
-    )
+    data["status"] = Status.COMPLETED
+    data["result"] = None if result is None else json.loads(result)
+    data["result_reference"] = result_reference
+    data["settled_at"] = row["settled_at"]
+    data["settled_by"] = reserved.owner
+    data["updated_at"] = row["updated_at"]
+    data["holds_calls"] = row["holds_calls"]
+    data["events"] = []
+    return built_record(data)
+
+
+def reserve_result(outcome: Reservation, record: ToolExecutionRecord) -> ReserveResult:
+    """`ReserveResult(outcome=outcome, record=record)` of values already of their types, without
+    validating them again (two per write call)."""
+    answer = ReserveResult.__new__(ReserveResult)
+    object.__setattr__(answer, "__dict__", {"outcome": outcome, "record": record})
+    object.__setattr__(answer, "__pydantic_fields_set__", {"outcome", "record"})
+    object.__setattr__(answer, "__pydantic_extra__", None)
+    object.__setattr__(answer, "__pydantic_private__", None)
+    return answer
+
+
+STATUSES = {member.value: member for member in Status}
 
 
 class RepeatedDecision(ToolExecutionRecord):

@@ -25,6 +25,7 @@ from onceflow.ledger import (
     Ledger,
     OutcomeIgnoredError,
     Reservation,
+    ReserveResult,
     SideEffect,
     Status,
     ToolExecutionRecord,
@@ -243,6 +244,7 @@ async def test_a_guarded_reservation_answered_briefly_is_the_row_it_wrote(ledger
         stored = to_record(await _row(ledger, call.key))
         assert reserved.record == stored, call_id
         assert reserved.record.model_dump_json() == stored.model_dump_json(), call_id
+        assert reserved == ReserveResult.model_validate(reserved.model_dump()), call_id
         return reserved.outcome, reserved.record
 
     assert (await reserve("intent", Guard()))[0] is Reservation.NEW

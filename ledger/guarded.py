@@ -111,11 +111,13 @@ def statement_values(
         guard.amount,
         guard.limit,
         guard.replaces,
-        [h.tool_call_id for h in heard],
+        # No heard calls go as NULL, not as empty arrays: the function reads both alike (no id is
+        # found in either), and three arrays fewer to encode were a tenth of the client's work.
+        [h.tool_call_id for h in heard] if heard else None,
         guard.toolset,
         guard.currency,
-        [h.status.value if h.status is not None else None for h in heard],
-        [h.settled_at for h in heard],
+        [h.status.value if h.status is not None else None for h in heard] if heard else None,
+        [h.settled_at for h in heard] if heard else None,
         not_after,
     )
 

@@ -80,6 +80,11 @@ class AcknowledgedWrites:
         for listener in _LISTENERS:
             listener(record, timeline)
 
+    def latest(self, key: str) -> ToolExecutionRecord | None:
+        """The row as this process's latest acknowledged write of `key` returned it, if still kept."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.record
+
     def before(self, timeline: int) -> list[Acknowledged]:
         """The writes acknowledged on an earlier timeline (or on one not known)."""
         return [e for e in self._entries.values() if e.timeline is None or e.timeline < timeline]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
 from pydantic import BaseModel
 
 from onceflow import metrics
@@ -29,7 +30,14 @@ from onceflow.ledger.errors import (
 )
 from onceflow.ledger.guarded import GuardedReservations
 from onceflow.ledger.guards import Guard
-from onceflow.ledger.records import Reservation, ReserveResult, ToolExecutionRecord, to_record
+from onceflow.ledger.records import (
+    Reservation,
+    ReserveResult,
+    ToolExecutionRecord,
+    completed,
+    reserve_result,
+    to_record,
+)
 from onceflow.ledger.run_ids import RunIds
 from onceflow.ledger.status import EventSource, FailureKind, SideEffect, Status
 from onceflow.sdk.keys import call_key
@@ -208,7 +216,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                         outcome = Reservation.AWAITING_APPROVAL
                     self.acknowledge(record)
                     self.annotate(record, outcome)
-                    return ReserveResult(outcome=outcome, record=record)
+                    return reserve_result(outcome, record)
                 existing = await conn.fetchrow(queries.SELECT_RECORD, call.key)
                 if not_after is not None and (existing is None or existing["status"] == Status.FAILED):
                     # Nothing was taken where a fresh or failed key would be: past the deadline?
@@ -230,7 +238,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     record = to_record(claimed)
                     self.acknowledge(record)
                     self.annotate(record, Reservation.NEW)
-                    return ReserveResult(outcome=Reservation.NEW, record=record)
+                    return reserve_result(Reservation.NEW, record)
                 # A failed call that was ever in conflict is not re-sent (open: its owner says it
                 # took effect; acknowledged: an operator set its final status), nor a final refusal.
                 final = record.failure_kind is not None and record.failure_kind.is_final
@@ -238,7 +246,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
                     self.annotate(record, outcome)
                     metrics.record_replay(record)
-                    return ReserveResult(outcome=outcome, record=record)
+                    return reserve_result(outcome, record)
             else:
                 raise LedgerUnavailableError(
                     f"reserving {call.key!r} kept racing other reservations; nothing was sent"
@@ -253,7 +261,29 @@ class CallPath(GuardedReservations, ConflictFlags):
         self, key: str, *, owner: str, result: Any, result_reference: str | None = None
     ) -> ToolExecutionRecord:
         """The owner reports success. Anyone else's report, or a late one, is logged and ignored."""
+        reserved = self.acknowledged.latest(key)
         async with self.connection("complete", key=key) as conn:
+            if reserved is not None and reserved.owner == owner and reserved.status is Status.STARTED:
+                # This process reserved it: only what the completion sets comes back, if the row is
+                # still the one the reservation answered (queries.COMPLETE_RESERVED).
+                try:
+                    row = await conn.fetchrow(
+                        queries.COMPLETE_RESERVED,
+                        key,
+                        owner,
+                        to_json(result),
+                        result_reference,
+                        reserved.updated_at,
+                    )
+                except asyncpg.UndefinedColumnError:
+                    # A schema from before migration 0015 (no holds_calls), as tests build to
+                    # migrate real rows: refused when prepared, nothing ran; the whole-row statement.
+                    row = None
+                if row is not None:
+                    record = completed(reserved, row, result_reference)
+                    self.acknowledge(record)
+                    self.annotate(record)
+                    return record
             row = await conn.fetchrow(queries.COMPLETE_STARTED, key, owner, to_json(result), result_reference)
             if row is not None:
                 record = to_record(row)

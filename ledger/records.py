@@ -162,6 +162,12 @@ def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = Non
         if value is not None:
             data[name] = members[value]
     data["events"] = events or []
+    return built_record(data)
+
+
+def built_record(data: dict[str, Any]) -> ToolExecutionRecord:
+    """A record of `data`, which holds every field (`events` too) as the record's type: trusted
+    values, not validated again (see `to_record`)."""
     record = ToolExecutionRecord.__new__(ToolExecutionRecord)
     # What pydantic's `model_construct` sets, without its pass over defaults (every field is here).
     object.__setattr__(record, "__dict__", data)
@@ -169,6 +175,40 @@ def to_record(row: asyncpg.Record, events: list[ToolExecutionEvent] | None = Non
     object.__setattr__(record, "__pydantic_extra__", None)
     object.__setattr__(record, "__pydantic_private__", None)
     return record
+
+
+def completed(
+    reserved: ToolExecutionRecord, row: asyncpg.Record, result_reference: str | None
+) -> ToolExecutionRecord:
+    """The record of a call its owner completed, from the record its reservation answered (the row
+    as it stood until this completion: queries.COMPLETE_RESERVED wrote only over that row) and what
+    the completion returned. The same record `to_record` makes of the whole row
+    (tests/test_ledger_records.py)."""
+    data = dict(reserved.__dict__)
+    result = row["result"]
+    data["status"] = Status.COMPLETED
+    data["result"] = None if result is None else json.loads(result)
+    data["result_reference"] = result_reference
+    data["settled_at"] = row["settled_at"]
+    data["settled_by"] = reserved.owner
+    data["updated_at"] = row["updated_at"]
+    data["holds_calls"] = row["holds_calls"]
+    data["events"] = []
+    return built_record(data)
+
+
+def reserve_result(outcome: Reservation, record: ToolExecutionRecord) -> ReserveResult:
+    """`ReserveResult(outcome=outcome, record=record)` of values already of their types, without
+    validating them again (two per write call)."""
+    answer = ReserveResult.__new__(ReserveResult)
+    object.__setattr__(answer, "__dict__", {"outcome": outcome, "record": record})
+    object.__setattr__(answer, "__pydantic_fields_set__", {"outcome", "record"})
+    object.__setattr__(answer, "__pydantic_extra__", None)
+    object.__setattr__(answer, "__pydantic_private__", None)
+    return answer
+
+
+STATUSES = {member.value: member for member in Status}
 
 
 class RepeatedDecision(ToolExecutionRecord):

@@ -21,8 +21,11 @@ from onceflow.ledger import (
     CallIdentity,
     EventSource,
     FailureKind,
+    Guard,
     Ledger,
     OutcomeIgnoredError,
+    Reservation,
+    ReserveResult,
     SideEffect,
     Status,
     ToolExecutionRecord,
@@ -159,3 +162,103 @@ async def test_a_row_short_of_a_column_is_validated_and_refused(ledger: Ledger) 
         row = await conn.fetchrow("SELECT key, status, payload FROM tool_executions WHERE key = $1", call.key)
     with pytest.raises(pydantic.ValidationError, match="tenant"):
         to_record(row)
+
+
+async def test_a_completion_built_from_its_reservation_is_the_row_it_wrote(ledger: Ledger) -> None:
+    """`complete` builds the completed record from the reservation this process holds and the few
+    columns the completion returns (queries.COMPLETE_RESERVED). Whatever happened to the row in
+    between, the record is the row's, to the order of its result's keys, and one event says so."""
+    run = f"rec-{uuid.uuid4().hex[:8]}"
+    result = {"credit_id": "cr_1", "amount_cents": 500, "lines": [{"zz": 1, "a": None}], "n": 1.50}
+
+    async def reserve(call_id: str, guard: Guard | None = None) -> str:
+        call = CallIdentity(tenant="t", run_id=run, tool_call_id=call_id)
+        reserved = await ledger.reserve(
+            call,
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments={"account_id": call_id},  # no twins: each its own payload
+            owner="w1",
+            guard=guard,
+        )
+        assert reserved.outcome is Reservation.NEW, call_id
+        return call.key
+
+    async def completes_as_stored(key: str) -> ToolExecutionRecord:
+        record = await ledger.complete(key, owner="w1", result=result, result_reference="ref-1")
+        stored = to_record(await _row(ledger, key))
+        assert record == stored, key
+        assert record.model_dump_json() == stored.model_dump_json(), key  # keys in the row's order
+        kinds = [e.kind for e in (await ledger.get(key, with_events=True)).events]
+        assert kinds[-1] == "completed" and kinds.count("completed") == 1, kinds
+        return record
+
+    # Nothing happened in between (the unguarded and the guarded reservation).
+    await completes_as_stored(await reserve("plain"))
+    guarded = await completes_as_stored(await reserve("guarded", Guard()))
+    assert not guarded.holds_calls
+    # A twin was held behind it meanwhile: marked, without touching updated_at.
+    other = f"rec2-{uuid.uuid4().hex[:8]}"
+    first = CallIdentity(tenant="t", run_id=other, tool_call_id="first")
+    twin = CallIdentity(tenant="t", run_id=other, tool_call_id="twin")
+    for call, outcome in ((first, Reservation.NEW), (twin, Reservation.HELD)):
+        reserved = await ledger.reserve(
+            call,
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments={"account_id": "acct_2"},
+            owner="w1",
+            guard=Guard(),
+        )
+        assert reserved.outcome is outcome
+    assert (await completes_as_stored(first.key)).holds_calls
+    # Escalated meanwhile: the row moved on, and the completion reads it whole instead.
+    escalated = await reserve("escalated")
+    await ledger.escalate(escalated, owner="ops", actor="reconciler", reason="slow")
+    assert (await completes_as_stored(escalated)).escalated_to == "ops"
+    # Another owner's reservation answer held here does not complete the call for this owner.
+    taken = await reserve("taken")
+    with pytest.raises(OutcomeIgnoredError):
+        await ledger.complete(taken, owner="w2", result=result)
+    assert (await completes_as_stored(taken)).settled_by == "w1"
+
+
+async def test_a_guarded_reservation_answered_briefly_is_the_row_it_wrote(ledger: Ledger) -> None:
+    """A call the guarded function inserted as sent comes back without its row
+    (queries.GUARDED_RESERVE_BRIEF); its record, built from what was sent, is the row's, to the
+    order of the payload's keys. Every other answer (held, reused, refused, awaiting approval, a
+    replacement, a retry) carries the row, and is the row's too."""
+    run = f"rec-{uuid.uuid4().hex[:8]}"
+
+    async def reserve(call_id: str, guard: Guard, **options: Any) -> tuple[Reservation, ToolExecutionRecord]:
+        call = CallIdentity(tenant="t", run_id=run, tool_call_id=call_id, agent="billing")
+        reserved = await ledger.reserve(
+            call,
+            tool_name="issue_credit",
+            side_effect=SideEffect.EXTERNAL,
+            arguments=options.pop("arguments", {"account_id": call_id, "zz": [1, {"b": True, "aa": None}]}),
+            owner="w1",
+            guard=guard,
+            **options,
+        )
+        stored = to_record(await _row(ledger, call.key))
+        assert reserved.record == stored, call_id
+        assert reserved.record.model_dump_json() == stored.model_dump_json(), call_id
+        assert reserved == ReserveResult.model_validate(reserved.model_dump()), call_id
+        return reserved.outcome, reserved.record
+
+    assert (await reserve("intent", Guard()))[0] is Reservation.NEW
+    budget = Guard(
+        entity="ord_1", exclusive=True, amount=Decimal("2.50"), limit=Decimal("1E+3"), currency="EUR"
+    )
+    outcome, record = await reserve("budget", budget.model_copy(update={"toolset": "billing"}))
+    assert outcome is Reservation.NEW and record.amount == Decimal("2.50") and record.toolset == "billing"
+    assert (await reserve("busy", budget))[0] is Reservation.HELD
+    assert (await reserve("waits", Guard(), approval=True))[0] is Reservation.AWAITING_APPROVAL
+    await ledger.fail(f"{run}:intent", owner="w1", kind=FailureKind.REJECTED, error="no")
+    outcome, record = await reserve("next", Guard(replaces=f"{run}:intent"))
+    assert outcome is Reservation.NEW and record.replaces == f"{run}:intent"
+    assert (await reserve("intent", Guard()))[0] is Reservation.RETRY
+    await ledger.complete(f"{run}:intent", owner="w1", result={"ok": 1})
+    same = {"account_id": "intent", "zz": [1, {"b": True, "aa": None}]}
+    assert (await reserve("again", Guard(), arguments=same))[0] is Reservation.REUSED

@@ -18,6 +18,7 @@ every statement and fails if one addresses a key through any index but the key's
 """
 
 from onceflow.ledger.queries.calls import (
+    COMPLETE_RESERVED,
     COMPLETE_STARTED,
     FAIL_STARTED,
     INSERT_EVENT,
@@ -72,6 +73,7 @@ from onceflow.ledger.queries.failover import (
 from onceflow.ledger.queries.guards import (
     ENTITY_BUDGET_USED,
     GUARDED_RESERVE,
+    GUARDED_RESERVE_BRIEF,
     GUARDED_RESERVE_CLAIMING,
 )
 from onceflow.ledger.queries.lineage import (
@@ -129,6 +131,7 @@ __all__ = [
     "CLAIM_OF_REQUEST",
     "CLAIM_RUN_ID",
     "CLIENT_ADDRESS",
+    "COMPLETE_RESERVED",
     "COMPLETE_STARTED",
     "CONVERSATION_BYTES",
     "CONVERSATION_CANDIDATES",
@@ -148,6 +151,7 @@ __all__ = [
     "FAIL_STARTED",
     "FLAG_CONFLICT",
     "GUARDED_RESERVE",
+    "GUARDED_RESERVE_BRIEF",
     "GUARDED_RESERVE_CLAIMING",
     "HELD_BEHIND",
     "HELD_RUNS_BEHIND",

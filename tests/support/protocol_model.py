@@ -41,6 +41,9 @@ class Check:
     # pan's memory limit (MB) and compression: COLLAPSE stays exhaustive, only slower.
     memory_mb: int = 3000
     collapse: bool = False
+    # A defect found in today's code and not fixed yet: (its name, a piece of the assertion it
+    # breaks). The check then passes only while SPIN still finds it (docs/reliability.md).
+    open_defect: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -302,14 +305,14 @@ LARGE: list[Check] = [
         collapse=True,
     ),
     Check(
-        "a reset with a slow attempt",
+        "a reset with a crash",
         {
             "NK": 2,
             "TWINS": 1,
             "TURNS": 2,
             "RESETS": 1,
-            "CRASHES": 0,
-            "SLOWS": 1,
+            "CRASHES": 1,
+            "SLOWS": 0,
             "OPS": 1,
             "TIMEOUTS": 0,
             "REJECTS": 0,
@@ -317,9 +320,10 @@ LARGE: list[Check] = [
             "HOOK": 0,
             "MAXATT": 6,
         },
-        "two calls over two turns, a reset while they are in flight, a slow attempt (two workers on one call), an operator action",
+        "two calls over two turns, a reset while they are in flight, a crash, an operator action",
         memory_mb=12000,
         collapse=True,
+        open_defect=("F4", "toldfail"),
     ),
 ]
 
@@ -586,7 +590,13 @@ def main(argv: list[str] | None = None) -> int:
         print("The fixed rules (no error expected):")
         for check, verdict in run_checks(chosen, optimise=True, out=Path(tmp)):
             _print(check.name, verdict)
-            failed += verdict.errors > 0 or not verdict.complete
+            if check.open_defect is not None:
+                name, breaks = check.open_defect
+                found = verdict.errors > 0 and breaks in verdict.violated
+                print(f"{'':48} {'still found' if found else 'NOT found'}: open defect {name}")
+                failed += not found
+            else:
+                failed += verdict.errors > 0 or not verdict.complete
             sys.stdout.flush()
         print("Each old rule (a counterexample expected):")
         for old in OLD_RULES:

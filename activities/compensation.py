@@ -14,7 +14,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
-from onceflow.activities.outcomes import attempt_deadline, outcome_from_record, owner_token
+from onceflow.activities.outcomes import attempt_began, attempt_deadline, outcome_from_record, owner_token
 from onceflow.activities.sending import record_outcome, send_once
 from onceflow.ledger import (
     AttemptExpiredError,
@@ -118,6 +118,7 @@ class CompensationActivities:
                 owner=owner,
                 lease=tool.effect.timeout + ACTIVITY_MARGIN,
                 not_after=attempt_deadline(),
+                began_at=attempt_began(),
             )
         except AttemptExpiredError as exc:
             raise ApplicationError(str(exc), type=ERR_ATTEMPT_EXPIRED, non_retryable=True) from exc

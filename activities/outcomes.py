@@ -66,6 +66,14 @@ def owner_token(worker_identity: str) -> str:
     return f"{info.workflow_run_id}/{info.activity_id}#{info.attempt}@{worker_identity}"
 
 
+def attempt_began() -> datetime:
+    """When this activity attempt began. The ledger lets it retry no failure settled since: a retry
+    the workflow decides on begins after the workflow heard the failure, so an attempt that began
+    before it is one its workflow gave up on (an execution a reset replaced, whose attempt still
+    runs), and the failure may be what the model was told since."""
+    return activity.info().started_time
+
+
 def attempt_deadline() -> datetime | None:
     """When the workflow gives up on this activity attempt: its start plus its start-to-close
     timeout. The ledger reserves nothing for an attempt past it (AttemptExpiredError)."""

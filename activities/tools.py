@@ -15,7 +15,13 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
 from onceflow.activities.budget_limits import BudgetLimitUnavailableError, budget_limit
-from onceflow.activities.outcomes import as_told, attempt_deadline, outcome_from_record, owner_token
+from onceflow.activities.outcomes import (
+    as_told,
+    attempt_began,
+    attempt_deadline,
+    outcome_from_record,
+    owner_token,
+)
 from onceflow.activities.sending import record_outcome, send_once, unkeepable_result
 from onceflow.activities.tool_io import checked_arguments, oversized, refused, split_arguments, tool_context
 from onceflow.ledger import (
@@ -163,6 +169,7 @@ class ToolActivities:
                 guard=guard,
                 execution=execution,
                 not_after=attempt_deadline(),
+                began_at=attempt_began(),
                 # Earlier attempts whose answer was lost: a reservation of theirs was never sent.
                 unsent_owners=tool_input.unsent_owners,
             )

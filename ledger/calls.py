@@ -104,6 +104,7 @@ class CallPath(GuardedReservations, ConflictFlags):
         execution: str | None = None,
         not_after: datetime | None = None,
         unsent_owners: Sequence[str] = (),
+        began_at: datetime | None = None,
     ) -> ReserveResult:
         """Write the call down before it runs. Of any number of racing callers, one may send.
 
@@ -120,6 +121,10 @@ class CallPath(GuardedReservations, ConflictFlags):
         With `unsent_owners` (the owner tokens of earlier attempts whose reservation may have
         committed while its answer was lost: they sent nothing), a call found `started` under one of
         them is released as not attempted and reserved afresh, instead of answering IN_FLIGHT.
+        With `began_at` (when the attempt began), a call that failed after it is not retried: a
+        retry the workflow decides on begins after it heard the failure, so such an attempt is one
+        its workflow gave up on (an execution a reset replaced), and the failure may be what the
+        model was told since. The row answers for itself (SETTLED).
         """
         again = functools.partial(
             self._reserve,
@@ -133,6 +138,7 @@ class CallPath(GuardedReservations, ConflictFlags):
             guard=guard,
             execution=execution,
             not_after=not_after,
+            began_at=began_at,
         )
         reserved = await again()
         record = reserved.record
@@ -146,7 +152,8 @@ class CallPath(GuardedReservations, ConflictFlags):
             kind=FailureKind.NOT_ATTEMPTED,
             error="its reservation committed but the answer was lost; nothing was sent",
         )
-        return await again()
+        # This attempt released it just now, after it began: its retry is its own to make.
+        return await again(began_at=None)
 
     async def _reserve(
         self,
@@ -161,6 +168,7 @@ class CallPath(GuardedReservations, ConflictFlags):
         guard: Guard | None,
         execution: str | None,
         not_after: datetime | None,
+        began_at: datetime | None,
     ) -> ReserveResult:
         payload = canonical_payload(tool_name, arguments)
         if execution is not None and guard is None:
@@ -184,6 +192,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                 guard=guard,
                 execution=execution,
                 not_after=not_after,
+                began_at=began_at,
             )
             if guarded.record.owner == owner:  # this reservation wrote the row (sent or not)
                 self.acknowledge(guarded.record)
@@ -208,6 +217,7 @@ class CallPath(GuardedReservations, ConflictFlags):
                     owner,
                     lease,
                     not_after,
+                    began_at,
                 )
                 if row is not None:
                     record = to_record(row)
@@ -242,7 +252,13 @@ class CallPath(GuardedReservations, ConflictFlags):
                 # A failed call that was ever in conflict is not re-sent (open: its owner says it
                 # took effect; acknowledged: an operator set its final status), nor a final refusal.
                 final = record.failure_kind is not None and record.failure_kind.is_final
-                if record.status is not Status.FAILED or record.conflict_at is not None or final:
+                failed_since = began_at is not None and _settled_since(record, began_at)
+                if (
+                    record.status is not Status.FAILED
+                    or record.conflict_at is not None
+                    or final
+                    or failed_since
+                ):
                     outcome = _EXISTING_OUTCOME.get(record.status, Reservation.SETTLED)
                     self.annotate(record, outcome)
                     metrics.record_replay(record)
@@ -465,3 +481,8 @@ class CallPath(GuardedReservations, ConflictFlags):
             self.annotate(record)
         self.acknowledge(record)
         return record
+
+
+def _settled_since(record: ToolExecutionRecord, began_at: datetime) -> bool:
+    """Was the call settled at or after the attempt began? (queries.RESERVE's $14 test.)"""
+    return record.settled_at is not None and record.settled_at >= began_at

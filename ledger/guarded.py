@@ -83,8 +83,9 @@ def statement_values(
     lease: timedelta | None,
     guard: Guard,
     not_after: datetime | None = None,
+    began_at: datetime | None = None,
 ) -> tuple[Any, ...]:
-    """The parameters of queries.GUARDED_RESERVE ($1 to $26), in order."""
+    """The parameters of queries.GUARDED_RESERVE ($1 to $27), in order."""
     # (A guard copied with `model_copy(update=...)` skips validation: bare ids may still be here.)
     heard = sorted(
         (Heard(tool_call_id=h) if isinstance(h, str) else h for h in guard.heard),
@@ -119,6 +120,7 @@ def statement_values(
         [h.status.value if h.status is not None else None for h in heard] if heard else None,
         [h.settled_at for h in heard] if heard else None,
         not_after,
+        began_at,
     )
 
 
@@ -195,11 +197,13 @@ class GuardedReservations(LedgerBase):
         guard: Guard,
         execution: str | None = None,
         not_after: datetime | None = None,
+        began_at: datetime | None = None,
     ) -> ReserveResult:
         """`execution`: the run's first execution, when this write is to claim the run id for it
         first (RunIdTakenError when another execution holds it; nothing is reserved then).
         `not_after`: the attempt's deadline; past it (by the database's clock, after the locks)
-        AttemptExpiredError, and nothing is reserved."""
+        AttemptExpiredError, and nothing is reserved. `began_at`: when the attempt began; a call
+        that failed after it is not retried by it (the row answers for itself)."""
         check_provenance(owner, EventSource.OWNER)  # the function writes events as the owner
         values = statement_values(
             key=key,
@@ -215,6 +219,7 @@ class GuardedReservations(LedgerBase):
             lease=lease,
             guard=guard,
             not_after=not_after,
+            began_at=began_at,
         )
         query = queries.GUARDED_RESERVE_BRIEF
         if execution is not None:

@@ -66,6 +66,54 @@ async def test_an_attempt_past_its_deadline_reserves_nothing(ledger: Ledger, gua
     assert again.outcome is Reservation.RETRY and first.record.attempt + 1 == again.record.attempt
 
 
+@pytest.mark.parametrize("guarded", [True, False])
+async def test_an_attempt_that_began_before_a_failure_was_settled_does_not_retry_it(
+    ledger: Ledger, guarded: bool
+) -> None:
+    """F4 of the protocol model: a reset replaced the execution while its attempt ran; the new
+    execution's attempt was lost and an operator settled the call failed, which the model was told.
+    The old attempt, inside its deadline, then reserves: the failure answers for itself, nothing is
+    re-reserved or sent. An attempt that began after the failure (a retry the workflow decided on,
+    or a reset's re-issue) retries it as before."""
+    call = _identity()
+    kwargs = {
+        "tool_name": "issue_credit",
+        "side_effect": SideEffect.EXTERNAL,
+        "arguments": CREDIT,
+        "guard": Guard() if guarded else None,
+    }
+    stale_began = datetime.now(UTC)
+    await ledger.reserve(call, owner="new-execution", **kwargs)  # type: ignore[arg-type]
+    await ledger.mark_indeterminate(call.key, actor="new-execution", reason="no answer in time")
+    told = await ledger.settle(
+        call.key, status=Status.FAILED, actor="operator:ann", reason="not in billing", evidence={"checked": 1}
+    )
+    stale = await ledger.reserve(
+        call,
+        owner="old-execution",
+        not_after=datetime.now(UTC) + timedelta(minutes=1),
+        began_at=stale_began,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    assert stale.outcome is Reservation.SETTLED and not stale.may_send
+    after = await ledger.get(call.key)
+    assert (after.status, after.owner, after.attempt, after.settled_at) == (
+        Status.FAILED,
+        "new-execution",
+        told.attempt,
+        told.settled_at,
+    )
+    assert [e.kind for e in after.events][-1] != "reserved"
+
+    decided_after = await ledger.reserve(
+        call,
+        owner="retry",
+        began_at=datetime.now(UTC),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    assert decided_after.outcome is Reservation.RETRY and decided_after.may_send
+
+
 async def test_an_inspector_leaves_a_call_inside_its_owners_lease_alone(ledger: Ledger) -> None:
     """`started` with a live lease may be on the wire: it stays started; past its lease it is unknown.
     The owner itself may always say it does not know."""

@@ -50,6 +50,11 @@ $$;
 DROP FUNCTION IF EXISTS onceflow_guarded_decide(text[], text, text, text, text, text, text, text, jsonb,
                                                text, text, boolean, interval, text, text, boolean, text,
                                                numeric, numeric, text, text[], text, text);
+-- And before it took the attempt's start.
+DROP FUNCTION IF EXISTS onceflow_guarded_decide(text[], text, text, text, text, text, text, text, jsonb,
+                                               text, text, boolean, interval, text, text, boolean, text,
+                                               numeric, numeric, text, text[], text, text, text[],
+                                               timestamptz[], timestamptz);
 
 CREATE OR REPLACE FUNCTION onceflow_guarded_decide(
     p_locks        text[],   -- Guard.locks(): the advisory lock names, in the order to take them
@@ -77,7 +82,8 @@ CREATE OR REPLACE FUNCTION onceflow_guarded_decide(
     p_currency     text,
     p_heard_status text[],   -- per heard id: the status it was told (NULL: judged as it stands)
     p_heard_at     timestamptz[],  -- per heard id: the settlement it was told (settled_at)
-    p_not_after    timestamptz     -- the attempt's deadline: past it, nothing is reserved
+    p_not_after    timestamptz,    -- the attempt's deadline: past it, nothing is reserved
+    p_began        timestamptz     -- when the attempt began: it retries no failure settled since
 ) RETURNS TABLE (
     o_outcome             text,
     o_action              text,
@@ -156,10 +162,15 @@ BEGIN
         END IF;
         -- Decided again only when held, or failed without effect and open to a retry (not final,
         -- never in conflict): onceflow.ledger.guarded.decided_again. Any other row answers for itself.
+        -- So does a failure settled after this attempt began: a retry the workflow decides on
+        -- begins after it heard the failure, so this attempt is one the workflow gave up on (an
+        -- execution a reset replaced), and the failure may be what the model was told since.
         IF NOT (v_existing.status = 'held'
                 OR (v_existing.status = 'failed' AND v_existing.conflict_at IS NULL
                     AND coalesce(v_existing.failure_kind, '')
-                        NOT IN ('policy_refused', 'guard_refused', 'released'))) THEN
+                        NOT IN ('policy_refused', 'guard_refused', 'released')
+                    AND (p_began IS NULL OR v_existing.settled_at IS NULL
+                         OR v_existing.settled_at < p_began))) THEN
             IF v_existing.status = 'awaiting_approval' AND v_existing.approved_at IS NOT NULL THEN
                 UPDATE tool_executions t
                    SET status = 'started', owner = p_owner,
@@ -528,7 +539,8 @@ CREATE OR REPLACE FUNCTION onceflow_guarded_reserve(
     p_currency     text,
     p_heard_status text[],
     p_heard_at     timestamptz[],
-    p_not_after    timestamptz
+    p_not_after    timestamptz,
+    p_began        timestamptz
 ) RETURNS TABLE (
     o_outcome             text,
     o_action              text,
@@ -604,8 +616,32 @@ BEGIN
         p_locks, p_key, p_tenant, p_run_id, p_tool_call_id, p_agent, p_tool_name, p_side_effect,
         p_payload, p_sha256, p_owner, p_approval, p_lease, p_intent, p_entity, p_exclusive, p_on_busy,
         p_amount, p_limit, p_replaces, p_heard, p_toolset, p_currency, p_heard_status, p_heard_at,
-        p_not_after);
+        p_not_after, p_began);
 END;
+$$;
+
+-- The signature workers of the previous release call (no attempt start), kept for a rolling
+-- upgrade: their attempts retry a failed call as they did, until they are replaced.
+CREATE OR REPLACE FUNCTION onceflow_guarded_reserve(
+    p_locks text[], p_key text, p_tenant text, p_run_id text, p_tool_call_id text, p_agent text,
+    p_tool_name text, p_side_effect text, p_payload jsonb, p_sha256 text, p_owner text,
+    p_approval boolean, p_lease interval, p_intent text, p_entity text, p_exclusive boolean,
+    p_on_busy text, p_amount numeric, p_limit numeric, p_replaces text, p_heard text[],
+    p_toolset text, p_currency text, p_heard_status text[], p_heard_at timestamptz[],
+    p_not_after timestamptz
+) RETURNS TABLE (
+    o_outcome             text,
+    o_action              text,
+    o_previous_status     text,
+    o_previous_updated_at timestamptz,
+    o_record              tool_executions
+)
+LANGUAGE sql AS $$
+    SELECT * FROM onceflow_guarded_reserve(
+        p_locks, p_key, p_tenant, p_run_id, p_tool_call_id, p_agent, p_tool_name, p_side_effect,
+        p_payload, p_sha256, p_owner, p_approval, p_lease, p_intent, p_entity, p_exclusive, p_on_busy,
+        p_amount, p_limit, p_replaces, p_heard, p_toolset, p_currency, p_heard_status, p_heard_at,
+        p_not_after, NULL::timestamptz)
 $$;
 
 -- The signature workers before this file call (heard as bare ids, no deadline), kept for a rolling

@@ -3,7 +3,8 @@
 # Reserve is one atomic statement. A new key is inserted; a key whose last attempt failed (and so
 # did not take effect) is re-reserved with attempt + 1 under the same payload; anything else is left
 # untouched and RETURNING yields nothing, so the caller reads the row and decides by its status.
-# $13: the attempt's deadline (NULL: none); past it nothing is inserted or re-reserved.
+# $13: the attempt's deadline (NULL: none); past it nothing is inserted or re-reserved. $14: when the
+# attempt began (NULL: not known); a failure settled since is not re-reserved by it.
 RESERVE = """
 WITH reserved AS (
     INSERT INTO tool_executions AS t
@@ -30,6 +31,9 @@ WITH reserved AS (
           -- effect; acknowledged, an operator set what the world is, for good.
           AND t.conflict_at IS NULL
           AND ($13::timestamptz IS NULL OR clock_timestamp() <= $13::timestamptz)
+          -- A retry the workflow decides on begins after it heard the failure; an attempt that
+          -- began before it is one its workflow gave up on (an execution a reset replaced).
+          AND ($14::timestamptz IS NULL OR t.settled_at IS NULL OR t.settled_at < $14::timestamptz)
     RETURNING t.*, (xmax = 0) AS inserted
 ), logged AS (
     INSERT INTO tool_execution_events (key, actor, kind, source, from_status, to_status, detail)

@@ -2,15 +2,15 @@
 
 # A guarded reservation, whole: locks, checks, write and event in one server-side function
 # (definitions/guarded_reserve.sql). $1 the advisory lock names (Guard.locks), then the call, then the
-# guard's values, then what the model was told of each heard call ($24, $25) and the attempt's
-# deadline ($26); the answer's extra columns are dropped by to_record.
+# guard's values, then what the model was told of each heard call ($24, $25), the attempt's
+# deadline ($26) and when it began ($27); the answer's extra columns are dropped by to_record.
 GUARDED_RESERVE = """
 SELECT r.o_outcome AS outcome, r.o_action AS action, r.o_previous_status AS previous_status,
        r.o_previous_updated_at AS previous_updated_at, (r.o_record).*
   FROM onceflow_guarded_reserve($1::text[], $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12,
                                 $13::interval, $14, $15, $16, $17, $18::numeric, $19::numeric, $20,
                                 $21::text[], $22, $23, $24::text[], $25::timestamptz[],
-                                $26::timestamptz) r
+                                $26::timestamptz, $27::timestamptz) r
 """
 
 # The same call, answered briefly: when the function inserted the call as sent (outcome `new`,
@@ -29,22 +29,22 @@ SELECT r.o_outcome AS outcome, r.o_action AS action, r.o_previous_status AS prev
   FROM onceflow_guarded_reserve($1::text[], $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12,
                                 $13::interval, $14, $15, $16, $17, $18::numeric, $19::numeric, $20,
                                 $21::text[], $22, $23, $24::text[], $25::timestamptz[],
-                                $26::timestamptz) r
+                                $26::timestamptz, $27::timestamptz) r
 """
 
-# The same, for a run's first write: $27 the run's first execution claims run id $4 first
+# The same, for a run's first write: $28 the run's first execution claims run id $4 first
 # (migrations/0011_claim_with_reservation.sql). The reservation takes its run id from the claim's
 # answer, a lateral reference, so the claim is decided before it; a refused claim raises and the
 # statement reserves nothing.
 GUARDED_RESERVE_CLAIMING = """
 SELECT r.o_outcome AS outcome, r.o_action AS action, r.o_previous_status AS previous_status,
        r.o_previous_updated_at AS previous_updated_at, (r.o_record).*
-  FROM onceflow_claim_run_id($4, $27, $3, $6) AS claim(run_id)
+  FROM onceflow_claim_run_id($4, $28, $3, $6) AS claim(run_id)
  CROSS JOIN LATERAL
        onceflow_guarded_reserve($1::text[], $2, $3, claim.run_id, $5, $6, $7, $8, $9::jsonb, $10, $11,
                                 $12, $13::interval, $14, $15, $16, $17, $18::numeric, $19::numeric,
                                 $20, $21::text[], $22, $23, $24::text[], $25::timestamptz[],
-                                $26::timestamptz) r
+                                $26::timestamptz, $27::timestamptz) r
 """
 
 # What an entity's budget already carries apart from call $4 ($1 tenant, $2 tool, $3 entity, $5

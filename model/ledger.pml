@@ -43,6 +43,7 @@ byte seq[NK];        /* created_at, as an order: 0 for no row */
 byte nseq;
 byte pay[NK];        /* the canonical payload (twins share one) */
 byte tokkey[MAXATT + 1];  /* WAS_OWNER: the key each token reserved (NOKEY: none) */
+byte aborn[MAXATT + 1];   /* ver[k] of its call when the attempt began (queries' began_at) */
 bit cfrep[NK];       /* the open conflict's report: 1 completed, 0 failed (same_report) */
 
 /* -- the receiver (its own count is the judge of effects, never the ledger) ----------------- */
@@ -119,8 +120,10 @@ inline heard_now(j, res, tok) {
 inline decide(k, tok, intent) {
     d_any = 0; d_other = NOKEY; d_act = O_NEW; out = O_NEW;
     if
-    :: st[k] != NONE && !(st[k] == HELD || (st[k] == FAILED && !cfever[k] && !FINAL_KIND(fk[k]))) ->
-        /* any other row answers for itself */
+    :: st[k] != NONE && !(st[k] == HELD || (st[k] == FAILED && !cfever[k] && !FINAL_KIND(fk[k])
+                                              && (STALE_ATTEMPT_RETRIES || ver[k] == aborn[tok]))) ->
+        /* any other row answers for itself; so does a failure settled after the attempt began
+           (its workflow gave up on it: an execution a reset replaced) */
         if
         :: st[k] == AWAIT && ap[k] ->
             st[k] = STARTED; own[k] = tok; leased[k] = 1; tokkey[tok] = k; out = O_NEW

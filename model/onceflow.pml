@@ -116,6 +116,11 @@
 #ifndef INSPECT_REUSED_AS_IS
 #define INSPECT_REUSED_AS_IS 0
 #endif
+/* STALE_ATTEMPT_RETRIES (F4): an attempt retries a call that failed after it began (an attempt of
+ *   the execution a reset replaced retries what the new execution was told failed). */
+#ifndef STALE_ATTEMPT_RETRIES
+#define STALE_ATTEMPT_RETRIES 0
+#endif
 #ifndef COMP_NUDGE_ONLY
 #define COMP_NUDGE_ONLY 0       /* rule 7: CompensationWorkflow waits for a nudge, no timer */
 #endif

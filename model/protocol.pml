@@ -234,7 +234,8 @@ proctype Attempt(byte k; byte t; byte lost) {
                 if
                 :: st[k] == STARTED && own[k] == lost ->
                     printf("@@ release_unsent k=%d lost=%d", k, lost);
-                    owner_outcome(k, lost, 0, NOT_ATTEMPTED); printf(" -> %e", out); row(k)
+                    owner_outcome(k, lost, 0, NOT_ATTEMPTED); printf(" -> %e", out); row(k);
+                    aborn[t] = ver[k]   /* its own release: its retry is its own to make */
                 :: else -> skip
                 fi
             fi
@@ -284,7 +285,7 @@ dead:
     skip;
     /* a finished attempt stays in the state vector: it keeps nothing that tells two runs apart */
     d_step {
-        adead[t] = 1; dl[t] = 0; rep[t] = 0; tokkey[t] = NOKEY;
+        adead[t] = 1; dl[t] = 0; rep[t] = 0; tokkey[t] = NOKEY; aborn[t] = 0;
         a_j = 0;
         do
         :: a_j < NK -> ahd[t].s[a_j] = NONE; ahd[t].v[a_j] = 0; ahd[t].src[a_j] = 0; a_j++
@@ -351,7 +352,8 @@ inline send_once(k) {
     lost = 0; glost = 0;
     do
     :: atomic {
-            natt < MAXATT -> natt++; t = natt;
+            natt < MAXATT -> natt++; t = natt; aborn[t] = ver[k];
+            printf("@@ begin k=%d t=%d\n", k, t);
             i = 0;
             do
             :: i < NK -> ahd[t].s[i] = ths[i]; ahd[t].v[i] = thv[i]; ahd[t].src[i] = thsrc[i]; i++

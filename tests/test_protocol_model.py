@@ -62,6 +62,7 @@ DIVERGES_AT: dict[str, str | None] = {
     "UNKNOWN_LIVE_LEASE": "settle",
     "INSPECT_FORGETS_UNSENT": None,
     "INSPECT_REUSED_AS_IS": None,
+    "STALE_ATTEMPT_RETRIES": "reserve",
 }
 
 # Random runs replayed per bound set (each in a database of its own); ONCEFLOW_MODEL_WALKS raises

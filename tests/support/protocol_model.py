@@ -323,7 +323,6 @@ LARGE: list[Check] = [
         "two calls over two turns, a reset while they are in flight, a crash, an operator action",
         memory_mb=12000,
         collapse=True,
-        open_defect=("F4", "toldfail"),
     ),
 ]
 
@@ -493,6 +492,12 @@ OLD_RULES: list[OldRule] = [
         "inspection after a lost retry forgets the owner whose answer was lost",
         {**ONE_CALL, "LOSTREPLIES": 1, "OPS": 0, "COMPENSATE": 0},
         "glost",
+    ),
+    OldRule(
+        "STALE_ATTEMPT_RETRIES",
+        "an attempt retries a call that failed after it began",
+        {**ONE_CALL, "RESETS": 1, **QUIET, "CRASHES": 1, "OPS": 1, "COMPENSATE": 0},
+        "toldfail",
     ),
     OldRule(
         "INSPECT_REUSED_AS_IS",

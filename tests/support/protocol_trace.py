@@ -45,6 +45,8 @@ from onceflow.ledger import (
 BEFORE_ISSUE_34 = "not_after" not in inspect.signature(Ledger.reserve).parameters
 # The reconciler's "not there" waits for the owner's lease (issue 40's F1) since `after_owner_lease`.
 HOOK_WAITS_FOR_LEASE = "after_owner_lease" in inspect.signature(Ledger.settle).parameters
+# An attempt retries no failure settled after it began (the model's F4) since `began_at`.
+TAKES_BEGAN = "began_at" in inspect.signature(Ledger.reserve).parameters
 
 TENANT = "t1"
 TOOL = "issue_credit"
@@ -95,6 +97,7 @@ _NOKEY = "255"
 NOT_LEDGER = frozenset(
     {
         "call",
+        "begin",
         "tell",
         "send",
         "arrive",
@@ -167,6 +170,8 @@ class Replay:
     payload: dict[int, int] = field(default_factory=dict)
     # (key, settlement number in the model) -> the ledger's settled_at for it
     settled_at: dict[tuple[int, int], datetime | None] = field(default_factory=dict)
+    # attempt -> when it began, by the database's clock (its `begin` line)
+    began: dict[int, datetime] = field(default_factory=dict)
     steps: int = 0
 
     def knob(self, name: str, default: int) -> int:
@@ -187,6 +192,8 @@ class Replay:
             if step is None or step.op in NOT_LEDGER:
                 if step is not None and step.op == "call":
                     self.payload[step.key] = int(step.args.get("pay", "0"))
+                if step is not None and step.op == "begin":
+                    self.began[int(step.args["t"])] = await self._now()
                 continue
             await self.apply(index, step)
             self.steps += 1
@@ -241,6 +248,8 @@ class Replay:
         deadline: dict[str, Any] = {}
         if not BEFORE_ISSUE_34:
             deadline["not_after"] = now - timedelta(seconds=1) if late else now + LEASE
+        if TAKES_BEGAN and int(step.args["t"]) in self.began:
+            deadline["began_at"] = self.began[int(step.args["t"])]
         try:
             result = await self.ledger.reserve(
                 CallIdentity(tenant=TENANT, run_id=self.run_id, tool_call_id=f"c{step.key}", agent="model"),
@@ -260,7 +269,12 @@ class Replay:
         return next(name for name, value in _OUTCOME.items() if value is result.outcome)
 
     async def _release_unsent(self, step: Step) -> str:
-        return await self._owner_reports(step.key, f"w{step.args['lost']}", False, FailureKind.NOT_ATTEMPTED)
+        answer = await self._owner_reports(
+            step.key, f"w{step.args['lost']}", False, FailureKind.NOT_ATTEMPTED
+        )
+        if "t" in step.args:  # the attempt released it itself: its retry is its own (Ledger.reserve)
+            self.began[int(step.args["t"])] = await self._now()
+        return answer
 
     async def _outcome(self, step: Step) -> str:
         kind = _KIND[step.args["kind"]]

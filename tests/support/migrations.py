@@ -10,7 +10,7 @@ import asyncpg
 from onceflow.ledger.migrate import discover, migrate
 
 # Today's Ledger reserves through onceflow_guarded_reserve's current signature (the heard calls'
-# statuses and settlements, the attempt's deadline: ledger/definitions/guarded_reserve.sql). A schema
+# statuses and settlements, the attempt's deadline and start: ledger/definitions/guarded_reserve.sql). A schema
 # from before that file has only the 23-argument one; this forwards the current call to it, so that
 # today's Ledger can write a history into an old schema. The definitions replace it on migrating.
 _CURRENT_SIGNATURE_ON_AN_OLD_SCHEMA = """
@@ -20,7 +20,7 @@ CREATE OR REPLACE FUNCTION onceflow_guarded_reserve(
     p_approval boolean, p_lease interval, p_intent text, p_entity text, p_exclusive boolean,
     p_on_busy text, p_amount numeric, p_limit numeric, p_replaces text, p_heard text[],
     p_toolset text, p_currency text, p_heard_status text[], p_heard_at timestamptz[],
-    p_not_after timestamptz
+    p_not_after timestamptz, p_began timestamptz
 ) RETURNS TABLE (o_outcome text, o_action text, o_previous_status text,
                  o_previous_updated_at timestamptz, o_record tool_executions)
 LANGUAGE sql AS $$

@@ -471,6 +471,9 @@ OLD_RULES: list[OldRule] = [
             "REJECTS": 0,
             "HOOK": 0,
             "COMPENSATE": 0,
+            # The code before issue 34 took no attempt start either; F4's fix alone would stop
+            # this path too (the slow attempt began before attempt 2's failure).
+            "STALE_ATTEMPT_RETRIES": 1,
         },
         "toldfail",
     ),

@@ -233,7 +233,7 @@ proctype Attempt(byte k; byte t; byte lost) {
             :: else ->
                 if
                 :: st[k] == STARTED && own[k] == lost ->
-                    printf("@@ release_unsent k=%d lost=%d", k, lost);
+                    printf("@@ release_unsent k=%d t=%d lost=%d", k, t, lost);
                     owner_outcome(k, lost, 0, NOT_ATTEMPTED); printf(" -> %e", out); row(k);
                     aborn[t] = ver[k]   /* its own release: its retry is its own to make */
                 :: else -> skip

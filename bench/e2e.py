@@ -159,7 +159,8 @@ async def floor_pair(conn: asyncpg.Connection, n: int) -> tuple[float, float]:
         guard.locks(tenant="bench", run_id=run_id, tool_name="issue_credit", payload_sha256=payload.sha256),
         key, "bench", run_id, "call_0_0", AGENT, "issue_credit", "external",
         payload.text, payload.sha256, owner, False, CREDIT_TIMEOUT + ACTIVITY_MARGIN,
-        guard.intent, None, False, guard.on_busy, None, None, None, [], "billing", None,
+        guard.intent, None, False, guard.on_busy, None, None, None, None, "billing", None,
+        None, None, None, None,  # what the model heard, the attempt's deadline and start: none
         f"execution-{uuid.uuid4().hex}",
     )  # fmt: skip
     reserved = time.perf_counter()

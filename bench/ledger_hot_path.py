@@ -74,7 +74,8 @@ def _reserve_arguments(run_id: str, n: int) -> tuple[str, tuple[object, ...]]:
     sha256 = hashlib.sha256(payload.encode()).hexdigest()
     # The lease: the ledger cycle passes none either.
     values = (key, "bench", run_id, tool_call_id, "", "issue_credit", "external", "started", payload, sha256)
-    return key, (*values, "bench-worker", None)
+    # Owner, lease, no deadline, no attempt start ($11 to $14).
+    return key, (*values, "bench-worker", None, None, None)
 
 
 RESULT_JSON = json.dumps(RESULT, separators=(",", ":"), sort_keys=True)

@@ -208,6 +208,7 @@ async def test_reserve_statement_updates_only_failed_rows(database_url: str) -> 
                 "worker-2",
                 None,
                 None,  # no deadline
+                None,  # no attempt start
             )
 
             after = await conn.fetchrow(queries.SELECT_RECORD, key)

@@ -399,19 +399,21 @@ inline send_once(k) {
 
 /* _adopt: a call of this run the run does not know holds the call (made before a reset) */
 inline adopt(k) {
+    /* the call it was held behind, as the reservation's answer named it: read once (an operator
+       may release the held call meanwhile, and its row then names none) */
+    j = hb[k];
     if
-    :: hb[k] != NOKEY && !(inconv & (1 << hb[k])) && !(adopted & (1 << hb[k])) ->
-        adopted = adopted | (1 << hb[k]);
-        j = hb[k];
+    :: j != NOKEY && !(inconv & (1 << j)) && !(adopted & (1 << j)) ->
+        adopted = adopted | (1 << j);
         if
         :: st[j] == STARTED || st[j] == INDET ->
             inspect(j);
             if :: st[j] == INDET -> recon[j] = 1 :: else -> skip fi
         :: else -> skip
-        fi;
-        j = 0
+        fi
     :: else -> skip
-    fi
+    fi;
+    j = 0
 }
 
 /* _call_write: the per-call protocol (workflows/write_calls.py) */

@@ -306,7 +306,7 @@ LARGE: list[Check] = [
         {
             "NK": 2,
             "TWINS": 1,
-            "TURNS": 2,
+            "TURNS": 1,
             "RESETS": 1,
             "CRASHES": 1,
             "SLOWS": 0,
@@ -317,7 +317,7 @@ LARGE: list[Check] = [
             "HOOK": 0,
             "MAXATT": 6,
         },
-        "two calls over two turns, a reset while they are in flight, a crash, an operator action",
+        "two identical calls in one answer, a reset while they are in flight, a crash, an operator action",
         memory_mb=12000,
         collapse=True,
     ),

@@ -51,7 +51,7 @@ properties: $(STAMP)
 	ONCEFLOW_PROPERTIES=long $(BIN)/pytest -m properties tests/test_ledger_properties.py
 
 # The write protocol as a Promela model (model/onceflow.pml), checked by SPIN: every bound set of
-# tests/support/protocol_model.py, exhaustively, printing states explored and time; then the model's
+# tests/support/protocol_bounds.py, exhaustively, printing states explored and time; then the model's
 # tests with 100 random runs per bound set replayed on the real ledger. MODEL_LARGE=1 adds the larger
 # bounds (tens of minutes, several GB). Needs Debian's `spin` and gcc (.ci/run installs spin).
 MODEL_WALKS ?= 100

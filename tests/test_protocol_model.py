@@ -27,18 +27,8 @@ import pytest
 from hypothesis.stateful import RULE_MARKER
 
 from onceflow.ledger import Ledger
-from tests.support.protocol_model import (
-    CHECKS,
-    DEFAULT_SUITE,
-    FENCED,
-    MODEL,
-    OLD_RULES,
-    WALKS,
-    Build,
-    Check,
-    OldRule,
-    spin_path,
-)
+from tests.support.protocol_bounds import CHECKS, DEFAULT_SUITE, FENCED, OLD_RULES, WALKS, Check, OldRule
+from tests.support.protocol_model import MODEL, Build, spin_path
 from tests.support.protocol_trace import NOT_LEDGER, Disagreement, Replay
 
 pytestmark = pytest.mark.skipif(

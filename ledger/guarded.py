@@ -60,7 +60,9 @@ _PAST_DEADLINE = "OF006"
 def decided_again(record: ToolExecutionRecord) -> bool:
     """Do the guards decide again when this recorded call is reserved once more? Held, or failed
     without effect and open to a retry (not final, never in conflict). Any other row answers for
-    itself, and its budget limit is the one recorded on it. (The function spells the same test.)"""
+    itself, and its budget limit is the one recorded on it. (The function spells the same test, and
+    also lets a failure settled after the attempt began answer for itself: that reservation sends
+    nothing, so which budget limit was read for it does not matter.)"""
     if record.status is Status.HELD:
         return True
     if record.status is not Status.FAILED or record.conflict_at is not None:

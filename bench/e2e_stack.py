@@ -84,6 +84,7 @@ class PlainCreditInput(BaseModel):
     idempotency_key: str
     steps_before: int = 0
     steps_after: int = 0
+    writes: int = 1  # requests one after another, each its own activity and key (bench/peers.py)
 
 
 @activity.defn(name=PLAIN_ACTIVITY)
@@ -109,12 +110,23 @@ class PlainCreditWorkflow:
     async def run(self, request: PlainCreditInput) -> dict[str, Any]:
         for _ in range(request.steps_before):
             await workflow.execute_activity(plain_step, start_to_close_timeout=LEDGER_STEP_TIMEOUT)
-        credit = await workflow.execute_activity(
-            plain_credit,
-            request,
-            start_to_close_timeout=CREDIT_TIMEOUT + ACTIVITY_MARGIN,
-            retry_policy=RetryPolicy(maximum_attempts=1),
-        )
+        for n in range(request.writes):
+            each = (
+                request
+                if n == 0
+                else request.model_copy(
+                    update={
+                        "account_id": f"{request.account_id}_{n}",
+                        "idempotency_key": f"{request.idempotency_key}_{n}",
+                    }
+                )
+            )
+            credit = await workflow.execute_activity(
+                plain_credit,
+                each,
+                start_to_close_timeout=CREDIT_TIMEOUT + ACTIVITY_MARGIN,
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
         for _ in range(request.steps_after):
             await workflow.execute_activity(plain_step, start_to_close_timeout=LEDGER_STEP_TIMEOUT)
         return credit

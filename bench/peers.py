@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -113,18 +114,19 @@ class Cpu:
 
 
 async def temporal_call(
-    client: Client, pai_client: Client, agents_client: Client, system: str, n: int
+    client: Client, pai_client: Client, agents_client: Client, system: str, n: int, writes: int = 1
 ) -> WorkflowHandle[Any, Any]:
+    """Start one run of `system`; onceflow's and the plain activity's make `writes` write calls."""
     account = f"acct_peers_{system}_{n}"
     run_id = f"peers-{system}-{n}-{time.time_ns()}"
     queue = TASK_QUEUES[system]
     if system == "onceflow":
         handle = await client.start_workflow(
-            OnceflowCreditWorkflow.run, prompt(account), id=run_id, task_queue=queue
+            OnceflowCreditWorkflow.run, args=[prompt(account), writes], id=run_id, task_queue=queue
         )
     elif system == "plain":
         request = PlainCreditInput(
-            account_id=account, amount_cents=500, idempotency_key=f"{run_id}:call_credit"
+            account_id=account, amount_cents=500, idempotency_key=f"{run_id}:call_credit", writes=writes
         )
         handle = await client.start_workflow(PlainCreditWorkflow.run, request, id=run_id, task_queue=queue)
     elif system == "pydantic-ai":
@@ -207,6 +209,74 @@ async def one_system(
         into.cpu[name] += after[name] - before[name] - IDLE[name] * took
     into.seconds += took
     into.calls += count
+
+
+# --writes: (system, write calls in a run) -> one sample a round: process -> CPU seconds a run
+Shapes = dict[tuple[str, int], list[dict[str, float]]]
+
+
+async def runs_cpu(
+    system: str, writes: int, count: int, first: int, clients: tuple[Client, Client, Client], cpu: Cpu
+) -> dict[str, float]:
+    """CPU seconds per run of each process, idle taken off, over `count` runs of `writes` writes."""
+    before, began = cpu.read(), time.perf_counter()
+    for n in range(first, first + count):
+        handle = await temporal_call(*clients, system, n, writes)
+        await handle.result()
+    after, took = cpu.read(), time.perf_counter() - began
+    return {name: (after[name] - before[name] - IDLE[name] * took) / count for name in PROCESSES}
+
+
+def per_write(shapes: Shapes, system: str, writes: int, rounds: list[int]) -> dict[str, float]:
+    """CPU ms of one more write call in a run, per process: what a run of `writes` costs over a
+    run of one, divided by the writes it adds (the rounds given, for the bootstrap)."""
+
+    def mean(shape: tuple[str, int], name: str) -> float:
+        return statistics.mean(shapes[shape][i][name] for i in rounds)
+
+    return {
+        name: (mean((system, writes), name) - mean((system, 1), name)) / (writes - 1) * 1000
+        for name in PROCESSES
+    }
+
+
+def report_per_write(shapes: Shapes, writes: int, pair_cpu_ms: float) -> None:
+    rounds = list(range(len(shapes["onceflow", 1])))
+    print(
+        f"\nCPU ms per write call, from runs of {writes} writes against runs of one ({len(rounds)} rounds):"
+        " one more write in a run, and what is left to the run itself"
+    )
+    print("  " + " " * 22 + "  ".join(f"{name:>9}" for name in PROCESSES) + "      all")
+    marginal = {}
+    for system in ("onceflow", "plain"):
+        marginal[system] = per_write(shapes, system, writes, rounds)
+        run_one = {name: statistics.mean(x[name] for x in shapes[system, 1]) * 1000 for name in PROCESSES}
+        for label, per in (
+            (f"{system}, a write", marginal[system]),
+            (f"{system}, the run", {n: run_one[n] - marginal[system][n] for n in PROCESSES}),
+        ):
+            print(
+                f"  {label:<20}  "
+                + "  ".join(f"{per[n]:9.2f}" for n in PROCESSES)
+                + f"  {sum(per.values()):7.2f}"
+            )
+    extra = sum(marginal["onceflow"].values()) - sum(marginal["plain"].values())
+    rng = random.Random(39)
+    found = []
+    for _ in range(2000):
+        picked = rng.choices(rounds, k=len(rounds))
+        once, plain = (
+            per_write(shapes, "onceflow", writes, picked),
+            per_write(shapes, "plain", writes, picked),
+        )
+        found.append(sum(once.values()) - sum(plain.values()) - pair_cpu_ms)
+    found.sort()
+    by = {n: marginal["onceflow"][n] - marginal["plain"][n] for n in PROCESSES}
+    print(
+        f"onceflow's extra CPU per write call over the plain activity, a write in a run: {extra:.2f} ms"
+        f" ({', '.join(f'{n} {v:.2f}' for n, v in by.items())}); above the two commits' CPU:"
+        f" {extra - pair_cpu_ms:.2f} ms [95% interval {found[50]:.2f} to {found[1949]:.2f}] (goal <= 0.5 ms)"
+    )
 
 
 async def idle_rates(cpu: Cpu, seconds: float) -> dict[str, float]:
@@ -372,6 +442,7 @@ async def bench(args: argparse.Namespace) -> None:
                 + ", ".join(f"{name} {rate * 1000:.1f}" for name, rate in IDLE.items())
             )
             figures = {s: Figures() for s in SYSTEMS}
+            credits = n + args.rounds * args.per_round * len(SYSTEMS)  # one write a run, until --writes
             print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             for round_ in range(args.rounds):
                 turn = round_ % len(SYSTEMS)
@@ -386,18 +457,35 @@ async def bench(args: argparse.Namespace) -> None:
                         figures[system],
                     )
                     n += args.per_round
+            shapes: Shapes = {}
+            if args.writes > 1:  # the same rounds again: runs of one write and of --writes, both ways
+                kinds = [(system, w) for system in ("onceflow", "plain") for w in (1, args.writes)]
+                shapes = {kind: [] for kind in kinds}
+                clients = (client, pai_client, agents_client)
+                for kind in kinds:  # the longer runs' first calls, not counted
+                    await runs_cpu(*kind, 1, n, clients, cpu)
+                    n, credits = n + 1, credits + kind[1]
+                for round_ in range(args.rounds):
+                    turn = round_ % len(kinds)
+                    for kind in kinds[turn:] + kinds[:turn]:
+                        shapes[kind].append(await runs_cpu(*kind, args.per_round, n, clients, cpu))
+                        n, credits = n + args.per_round, credits + args.per_round * kind[1]
             pairs, pair_cpu = await bare_pairs(info.database_url, args.rounds * args.per_round, cpu)
             print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             async with BillingClient(info.billing_url) as billing:
                 effects = await billing.effects()
-            if effects.total - applied_before != n or any(c != 1 for c in effects.effects.values()):
-                raise RuntimeError(f"billing applied {effects.total - applied_before} credits for {n} calls")
+            if effects.total - applied_before != credits or any(c != 1 for c in effects.effects.values()):
+                raise RuntimeError(
+                    f"billing applied {effects.total - applied_before} credits for {credits} calls"
+                )
             print(
                 f"{args.rounds} rounds of {args.per_round} calls per system, order turning, after"
-                f" {args.warmup} warm-up calls each; {n} credits applied, each key once;"
+                f" {args.warmup} warm-up calls each; {credits} credits applied, each key once;"
                 f" Python {platform.python_version()}; {os.cpu_count()} CPUs; {platform.platform()}"
             )
             report(figures, pairs, pair_cpu)
+            if shapes:
+                report_per_write(shapes, args.writes, pair_cpu)
         finally:
             if worker_process is not None and worker_process.returncode is None:
                 assert worker_process.stdin is not None
@@ -416,6 +504,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=5, help="calls per system in a round")
     parser.add_argument("--warmup", type=int, default=3, help="calls per system first, not counted")
+    parser.add_argument(
+        "--writes",
+        type=int,
+        default=5,
+        help="then the same rounds of onceflow and the plain activity with runs of 1 and of this many"
+        " writes, to tell a write call's CPU from its run's (1: not measured)",
+    )
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="how long idle CPU is measured")
     args = parser.parse_args()
     asyncio.run(bench(args))

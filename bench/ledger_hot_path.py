@@ -146,7 +146,7 @@ class Figures:
 
 async def measure(dsn: str, concurrency: int, seconds: float, rounds: int) -> Figures:
     ledger = await Ledger.connect(dsn, min_size=concurrency, max_size=concurrency)
-    # The ledger's pool settings: same size, and no reset query on release (see ledger/base.py).
+    # The ledger's pool settings: same size, and no reset query on release (see ledger/connections.py).
     pool = await asyncpg.create_pool(dsn, min_size=concurrency, max_size=concurrency, reset=_no_reset)
     connections = [await asyncpg.connect(dsn) for _ in range(concurrency)]
     systems = {

@@ -30,7 +30,8 @@ from typing import Any
 import asyncpg
 
 from onceflow.ledger import queries
-from onceflow.ledger.base import CLIENT_CHECK_INTERVAL, ISOLATION, KEEPALIVES, LedgerBase
+from onceflow.ledger.base import LedgerBase
+from onceflow.ledger.connections import CLIENT_CHECK_INTERVAL, ISOLATION, KEEPALIVES
 
 
 class Verdict(StrEnum):

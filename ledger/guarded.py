@@ -9,7 +9,7 @@ twins, lineage, intent, entity and budget, the write (only over the row version 
 tests/test_guarded_fast_path.py holds the first to writing exactly what the second would. A run's first write claims its run id in
 the same statement (migrations/0011_claim_with_reservation.sql). One round trip and one commit: the
 statement commits on its own, and its backend aborts it if the worker dies while it waits on a lock
-(`client_connection_check_interval`, ledger/base.py), so that nothing is committed for a client that
+(`client_connection_check_interval`, ledger/connections.py), so that nothing is committed for a client that
 died while it waited. This module sends the call and turns the answer into a ReserveResult.
 Used for every call a workflow reserves; `Ledger.reserve` without a guard keeps its one-statement
 path (compensations, and callers that want no checks).

@@ -36,7 +36,7 @@ _LOCK_ID = 0x6F6E6365  # "once": any constant shared by every runner
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 _DEFINITION_NAME = re.compile(r"^[a-z0-9_]+\.sql$")
 # The oldest server the schema and the ledger's connections are written for: UNIQUE NULLS NOT
-# DISTINCT (migration 0013) needs 15, client_connection_check_interval (ledger/base.py) 14.
+# DISTINCT (migration 0013) needs 15, client_connection_check_interval (ledger/connections.py) 14.
 OLDEST_SERVER = (15,)
 
 
@@ -225,7 +225,7 @@ async def _apply_definitions(conn: asyncpg.Connection, found: list[Definition], 
 
 async def _report_isolation(conn: asyncpg.Connection) -> None:
     """Say so when the database (or the role) defaults to another isolation level than the guards
-    need: the ledger sets READ COMMITTED on its own connections (ledger/base.py), but anything else
+    need: the ledger sets READ COMMITTED on its own connections (ledger/connections.py), but anything else
     writing through its functions would decide on a stale snapshot."""
     level = await conn.fetchval("SELECT current_setting('default_transaction_isolation')")
     if level != "read committed":

@@ -3,7 +3,8 @@
 `Ledger` is assembled from parts that share one pool (`LedgerBase`, ledger.base), each in its own
 module and each about one thing:
 
-- ledger.calls: the call path: `reserve`, the owner's `complete`/`fail`, `mark_indeterminate`;
+- ledger.calls: the call path: `reserve`, with ledger.outcomes: the owner's `complete`/`fail`,
+  `mark_indeterminate`;
 - ledger.reads: `get`, `find`, `list_unresolved`;
 - ledger.decisions: what operators and reconcilers decide about a call that was sent (settle,
   escalate, compensated, late outcomes), with ledger.conflicts (flag and acknowledge a conflict);

@@ -1,7 +1,7 @@
 """A guarded reservation is one statement that commits on its own; a worker killed while that
 statement waits on a guard's lock must leave nothing reserved.
 
-Without the client check (ledger/base.py's `client_connection_check_interval`) the backend of a
+Without the client check (ledger/connections.py's `client_connection_check_interval`) the backend of a
 killed worker keeps waiting, takes the lock once it comes free, and commits a `started` call that
 nobody will send. With it, the backend sees the closed socket while it waits and rolls back.
 """
@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from onceflow.ledger import Guard, Ledger
-from onceflow.ledger.base import CLIENT_CHECK_INTERVAL
 from onceflow.ledger.canonical import canonical_payload
+from onceflow.ledger.connections import CLIENT_CHECK_INTERVAL
 from tests.support.guarded import REFUND, new_run, refund_arguments
 
 # A worker's reservation, in a process of its own so that it can be SIGKILLed mid-statement.

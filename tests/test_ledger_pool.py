@@ -1,5 +1,5 @@
 """The ledger keeps a clean connection between operations and gives every other back to asyncpg's pool
-(ledger/base.py, `_Connections`).
+(ledger/connections.py, `Connections`).
 
 What that must not cost: a connection kept out of reach of an operation that waits for one, a
 transaction or a cancelled statement carried into the next operation, a dead connection handed out
@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from onceflow.ledger import CallIdentity, Ledger, LedgerUnavailableError, SideEffect
-from onceflow.ledger.base import _open, _release_later
+from onceflow.ledger.connections import release_later, still_open
 from tests.support.waiting import eventually
 
 
@@ -138,7 +138,7 @@ async def test_a_kept_connection_whose_backend_died_is_not_handed_out_again(
         assert await killer.fetchval("SELECT pg_terminate_backend($1)", backend)
 
         async def noticed() -> bool:  # the client sees the socket close on a later turn of the loop
-            return not _open(ledger._connections._idle[0][0])
+            return not still_open(ledger._connections._idle[0][0])
 
         await eventually(noticed, f"backend {backend}'s end to reach the client", timeout=5, every=0.01)
         assert await _backend(ledger) != backend
@@ -158,7 +158,7 @@ async def test_a_statement_on_a_connection_killed_unnoticed_is_unavailable_then_
         transport.pause_reading()  # the client reads nothing more: the end stays unnoticed
         assert await killer.fetchval("SELECT pg_terminate_backend($1)", backend)
         await asyncio.sleep(0.2)
-        assert _open(ledger._connections._idle[0][0])
+        assert still_open(ledger._connections._idle[0][0])
         transport.resume_reading()
         with pytest.raises(LedgerUnavailableError):
             async with ledger.connection("probe") as conn:
@@ -190,7 +190,7 @@ async def test_a_release_that_raises_is_logged(
         conn = await other.acquire()
         with caplog.at_level(logging.WARNING, logger="onceflow.ledger"):
             # Not a connection of the ledger's pool: asyncpg's release refuses it (InterfaceError).
-            _release_later(ledger._pool, conn)
+            release_later(ledger._pool, conn)
 
             async def logged() -> bool:
                 return bool(_release_failures(caplog))

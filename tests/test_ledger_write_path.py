@@ -26,7 +26,7 @@ from onceflow.ledger import (
     canonical_payload,
     migrate,
 )
-from onceflow.ledger.base import KEEPALIVES
+from onceflow.ledger.connections import KEEPALIVES
 from onceflow.local.postgres import create_database, drop_database
 from onceflow.sdk.payloads import CallRef
 from tests.support.ledger_guards import CREDIT, reserve, run_id
@@ -200,7 +200,7 @@ async def _both_wait_on_a_lock(conn: asyncpg.Connection, database: str) -> None:
 
 
 async def test_ledger_connections_run_read_committed_with_keepalives(ledger: Ledger) -> None:
-    """What every ledger connection sets for itself (ledger/base.py). Over a Unix socket PostgreSQL
+    """What every ledger connection sets for itself (ledger/connections.py). Over a Unix socket PostgreSQL
     reports keepalives as 0 whatever is set, so the source says they were set; over TCP they apply."""
     async with ledger.connection("test_settings") as conn:
         rows = await conn.fetch(

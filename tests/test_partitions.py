@@ -6,7 +6,7 @@ to a bridge that carries the server's address), holding an advisory lock inside 
 of the ledger's connections. Its network is then cut with nftables: packets vanish both ways, so
 the server gets no FIN and no RST, and client_connection_check_interval alone (which sees closed
 sockets) would never fire while the backend idles in its transaction. Only the keepalive probes
-(ledger/base.py, KEEPALIVES) find the peer gone. The whole partition drill (worker cut from
+(ledger/connections.py, KEEPALIVES) find the peer gone. The whole partition drill (worker cut from
 PostgreSQL, from Temporal, from both, while its calls are on the wire) is `make partition-drill`.
 """
 
@@ -25,7 +25,7 @@ import asyncpg
 import pytest
 
 from onceflow.drill import netns
-from onceflow.ledger.base import KEEPALIVES
+from onceflow.ledger.connections import KEEPALIVES
 from onceflow.local.replication import ReplicatedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -130,7 +130,7 @@ class ReserveTrap:
 
     async def _release(self, run_id: str, pid: int) -> bool:
         """Wait for session `pid`, which waits on the lock, to end while the lock is still held (its
-        backend sees its client gone: ledger/base.py's client check), then give the lock up. A
+        backend sees its client gone: ledger/connections.py's client check), then give the lock up. A
         session that only ends once it has the lock may have committed its reservation: False."""
         trap = self.traps.pop(run_id)
         try:

@@ -1,5 +1,5 @@
 """A ledger client for tests/test_partitions.py, run inside a network namespace: it opens one of the
-ledger's own connections (the session settings ledger/base.py makes, keepalives among them), takes
+ledger's own connections (the session settings ledger/connections.py makes, keepalives among them), takes
 an advisory lock in a transaction, says `locked`, and then either idles in the transaction
 (`idle`) or says `asking` and sends one more statement, whose answer comes back three seconds later
 (`answering`): by then the test has cut the host off, so the answer goes unacknowledged.

@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
 from onceflow.activities.outcomes import attempt_began, attempt_deadline, outcome_from_record, owner_token
-from onceflow.activities.sending import record_outcome, send_once
+from onceflow.activities.sending import record_outcome, send_once, unknown_if_failed_over
 from onceflow.ledger import (
     AttemptExpiredError,
     CallIdentity,
@@ -128,6 +128,10 @@ class CompensationActivities:
             ) from exc
         if not reservation.may_send:
             return outcome_from_record(reservation.record, replayed=True)
+        if request.lost_attempt_at is not None:
+            unknown = await unknown_if_failed_over(self.ledger, request.lost_attempt_at, reservation.record)
+            if unknown is not None:
+                return outcome_from_record(unknown)
         context = ToolContext(
             idempotency_key=identity.key,
             run_id=original.run_id,
@@ -144,6 +148,9 @@ class CompensationActivities:
             owner=owner,
         )
         metrics.record_send(hook.__name__, outcome.status)
+        # With the row it reserved: a row a failover lost meanwhile is written back unknown, never
+        # "not found" (which the workflow would read as nothing reserved, and run the hook again).
+        outcome = outcome.model_copy(update={"reserved": reservation.record})
         return await record_outcome(self.ledger, outcome)
 
     @activity.defn(name="finish_compensation")

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, Literal
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from onceflow.activities.conflicts import tell_run_of_conflict
 from onceflow.activities.held import wake_held
@@ -18,11 +20,13 @@ from onceflow.ledger import (
     EventSource,
     FailureKind,
     Ledger,
+    LedgerUnavailableError,
     OutcomeIgnoredError,
     RecordNotFoundError,
     ToolExecutionRecord,
 )
 from onceflow.ledger.acknowledged import behind
+from onceflow.runtime.constants import ERR_LEDGER_UNAVAILABLE
 from onceflow.sdk.payloads import OwnerOutcome, ToolOutcome, result_problem
 from onceflow.sdk.tools import (
     ToolContext,
@@ -125,6 +129,34 @@ async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
         raise RecordNotFoundError(outcome.key)
     await wake_held(ledger, record)
     return outcome_from_record(record)
+
+
+async def unknown_if_failed_over(
+    ledger: Ledger, lost_attempt_at: datetime, reserved: ToolExecutionRecord
+) -> ToolExecutionRecord | None:
+    """An earlier attempt at this call (a write, or a compensation) was lost and the ledger had no
+    row for it. If the ledger failed over since that attempt began, the row may have been lost with
+    the old primary after the attempt sent the call: this fresh reservation is then made an unknown
+    call, not sent (its record is returned). None: no failover since, send as usual."""
+    owner = reserved.owner or ""
+    try:
+        switch = await ledger.failover_since(lost_attempt_at)
+        if switch is None:
+            return None
+        timeline, seen = switch
+        why = (
+            f"an earlier attempt at this call began at {lost_attempt_at.isoformat()} and was lost, and "
+            f"the ledger failed over since (timeline {timeline}, first seen {seen.isoformat()}): "
+            "that attempt's record may have been lost with the old primary after it was sent. Not "
+            "sent again: unknown until its reconcile hook or an operator settles it"
+        )
+        detail = {"lost_attempt_at": lost_attempt_at.isoformat(), "timeline": timeline}
+        return await ledger.hold_as_lost(reserved.key, owner=owner, why=why, detail=detail)
+    except LedgerUnavailableError as exc:
+        # Reserved, not sent: the next attempt releases this reservation by its owner token.
+        raise ApplicationError(
+            f"not sent: {exc}", {"owner": owner}, type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
+        ) from exc
 
 
 def unkeepable_result(problem: str) -> str:

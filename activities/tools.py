@@ -7,7 +7,6 @@ Beside it: tool_io.py (the model's arguments checked, what the model is told bac
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from typing import Any
 
 from temporalio import activity
@@ -22,7 +21,7 @@ from onceflow.activities.outcomes import (
     outcome_from_record,
     owner_token,
 )
-from onceflow.activities.sending import record_outcome, send_once, unkeepable_result
+from onceflow.activities.sending import record_outcome, send_once, unkeepable_result, unknown_if_failed_over
 from onceflow.activities.tool_io import checked_arguments, oversized, refused, split_arguments, tool_context
 from onceflow.ledger import (
     AttemptExpiredError,
@@ -193,7 +192,9 @@ class ToolActivities:
         if not reservation.may_send:
             return await self._answered(reservation)
         if tool_input.lost_attempt_at is not None:
-            unknown = await self._lost_in_failover(tool_input.lost_attempt_at, reservation.record)
+            unknown = await unknown_if_failed_over(
+                self.ledger, tool_input.lost_attempt_at, reservation.record
+            )
             if unknown is not None:
                 return outcome_from_record(unknown)
         context = tool_context(tool_input, reservation.record.attempt)
@@ -214,32 +215,6 @@ class ToolActivities:
                 outcome.model_dump(mode="json"),
                 type=ERR_OUTCOME_NOT_RECORDED,
                 non_retryable=True,
-            ) from exc
-
-    async def _lost_in_failover(
-        self, lost_attempt_at: datetime, reserved: ToolExecutionRecord
-    ) -> ToolExecutionRecord | None:
-        """An earlier attempt at this call was lost and the ledger had no row for it. If the ledger
-        failed over since that attempt began, the row may have been lost with the old primary after
-        the attempt sent the call: this fresh reservation is then made an unknown call, not sent."""
-        owner = reserved.owner or ""
-        try:
-            switch = await self.ledger.failover_since(lost_attempt_at)
-            if switch is None:
-                return None
-            timeline, seen = switch
-            why = (
-                f"an earlier attempt at this call began at {lost_attempt_at.isoformat()} and was lost, and "
-                f"the ledger failed over since (timeline {timeline}, first seen {seen.isoformat()}): "
-                "that attempt's record may have been lost with the old primary after it was sent. Not "
-                "sent again: unknown until its reconcile hook or an operator settles it"
-            )
-            detail = {"lost_attempt_at": lost_attempt_at.isoformat(), "timeline": timeline}
-            return await self.ledger.hold_as_lost(reserved.key, owner=owner, why=why, detail=detail)
-        except LedgerUnavailableError as exc:
-            # Reserved, not sent: the next attempt releases this reservation by its owner token.
-            raise ApplicationError(
-                f"not sent: {exc}", {"owner": owner}, type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
             ) from exc
 
     async def _answered(self, reservation: ReserveResult) -> ToolOutcome:

@@ -101,6 +101,7 @@ class CompensationWorkflow:
     async def _compensate_once(self, request: CompensationInput, plan: CompensationPlan) -> ToolOutcome:
         ref = CallRef(key=plan.compensation_key, tool=plan.hook, tool_call_id=plan.compensation_key)
         for _ in range(_MAX_UNRESERVED_RERUNS + 1):
+            began = workflow.now()
             try:
                 outcome: ToolOutcome = await workflow.execute_activity_method(
                     CompensationActivities.run_compensation,
@@ -121,7 +122,12 @@ class CompensationWorkflow:
                 if found is not None:
                     return found
                 workflow.logger.warning("compensation of %s not reserved (%s); again", request.key, err)
-                # No row: nothing was sent; running it again is safe. The ledger guards the key.
+                # No row: nothing was reserved, so nothing was sent, and running it again is safe
+                # (the ledger guards the key). Unless a failover of the ledger lost the row: the next
+                # attempt is told when this one began, and runs nothing if the ledger failed over
+                # since (as a write call's next attempt is, workflows/write_sends.py).
+                if request.lost_attempt_at is None:
+                    request = request.model_copy(update={"lost_attempt_at": began})
         raise ApplicationError(
             f"compensation of {request.key} could not be reserved",
             type="CompensationBroken",

@@ -222,6 +222,11 @@ class CompensationInput(Frozen):
     # `compensation_requested` event the API wrote in the ledger (ledger/compensations.py).
     actor: str
     reason: str
+    # When an earlier attempt at the compensation began, set by the workflow when that attempt was
+    # lost and the ledger had no row for it: if the ledger failed over since, the row may have been
+    # lost with the old primary after the hook ran, and the compensation is not run again
+    # (activities/sending.py, `unknown_if_failed_over`).
+    lost_attempt_at: datetime | None = None
 
 
 class CompensationPlan(Frozen):

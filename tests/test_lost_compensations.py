@@ -1,0 +1,235 @@
+"""A compensation whose record a failover of the ledger may have lost is never sent again.
+
+The compensation is a write of its own (`<key>:compensation`), so what holds for a write call's lost
+record holds for it (tests/test_lost_attempts.py, ledger/lost_writes.py): under asynchronous
+replication "no row" no longer proves "not sent". Two ways it shows:
+
+- the compensation activity was lost and the ledger has no row: the workflow runs it again, telling
+  it when the lost attempt began (`CompensationInput.lost_attempt_at`); if the ledger failed over
+  since, the fresh reservation becomes an unknown call and the hook is not run;
+- the hook ran and the row is gone when its outcome is written (the old primary took it along): the
+  row is written back as an unknown call at the attempt that sent it, never reported "not found" (a
+  run that read that as "nothing was reserved" would run the hook again).
+
+Each test's record is its own hook's list of what it undid, and the Temporal history of the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+from temporalio import activity
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import Worker
+
+from onceflow import ToolContext, Toolset, external
+from onceflow.activities.compensation import CompensationActivities, compensation_key
+from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status, ToolExecutionRecord
+from onceflow.ledger.lost_writes import LOST_KIND
+from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
+from onceflow.sdk.payloads import CallRef, CompensationInput, CompensationPlan, ToolOutcome
+from onceflow.workflows.compensation import CompensationWorkflow
+
+undo = Toolset("lost-compensations")
+UNDONE: list[str] = []  # the compensation keys the hook was run with, in order
+# Set by a test: run inside the hook, after it took effect (a failover losing the row, say).
+AFTER_UNDO: list[Any] = []
+
+
+async def refund(original: ToolExecutionRecord, context: ToolContext) -> dict[str, Any]:
+    """Undo the payment, once, with the compensation's key."""
+    UNDONE.append(context.idempotency_key)
+    for then in AFTER_UNDO:
+        await then(context.idempotency_key)
+    return {"refunded": original.key}
+
+
+@undo.tool(external(), compensation=refund)
+async def pay(amount_cents: int, context: ToolContext) -> dict[str, Any]:
+    """Pay once, with the call's key."""
+    return {"paid": amount_cents}
+
+
+def _registry() -> AgentRegistry:
+    config = AgentConfig.model_validate(
+        {"model": {"provider": "scripted", "script": [{"final": "-"}]}, "toolsets": ["lost-compensations"]}
+    )
+    return AgentRegistry({"payer": Agent("payer", config, {t.name: t for t in undo.tools})})
+
+
+async def _completed_payment(ledger: Ledger) -> CompensationInput:
+    """A completed call of `pay`, as the run that made it left it; the compensation's input for it."""
+    call = CallIdentity(
+        tenant="t1", run_id=f"run-{uuid.uuid4().hex[:10]}", tool_call_id="call_1", agent="payer"
+    )
+    owner = "wf/1#1@worker-a"
+    reserved = await ledger.reserve(
+        call, tool_name="pay", side_effect=SideEffect.EXTERNAL, arguments={"amount_cents": 700}, owner=owner
+    )
+    assert reserved.may_send
+    await ledger.complete(call.key, owner=owner, result={"paid": 700})
+    return CompensationInput(key=call.key, tenant="t1", actor="operator:ana", reason="paid twice by hand")
+
+
+async def _failed_over_at(database_url: str, when: datetime) -> None:
+    """The ledger started on timeline 1 an hour before; timeline 2 was first seen at `when`."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("DELETE FROM onceflow_timelines")
+        await conn.execute(
+            "INSERT INTO onceflow_timelines (timeline, first_seen_at, first_seen_by) VALUES"
+            " (1, $1, 'worker-a'), (2, $2, 'worker-b')",
+            when - timedelta(hours=1),
+            when,
+        )
+    finally:
+        await conn.close()
+
+
+def _environment() -> ActivityEnvironment:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, started_time=datetime.now(UTC), start_to_close_timeout=timedelta(seconds=35)
+    )
+    return env
+
+
+async def test_a_lost_compensation_before_a_failover_is_unknown_and_not_run_again(
+    ledger: Ledger, database_url: str
+) -> None:
+    request = await _completed_payment(ledger)
+    now = datetime.now(UTC)
+    await _failed_over_at(database_url, now)
+    UNDONE.clear()
+    activities = CompensationActivities(ledger, _registry(), "worker-c")
+    again = request.model_copy(update={"lost_attempt_at": now - timedelta(minutes=3)})
+    outcome = await _environment().run(activities.run_compensation, again)
+    assert UNDONE == []  # the hook was not run again
+    assert outcome.status is Status.INDETERMINATE
+    record = await ledger.get(compensation_key(request.key))
+    assert record.status is Status.INDETERMINATE
+    assert record.events[-1].kind == LOST_KIND
+    assert (await ledger.get(request.key)).status is Status.COMPLETED  # nothing marked undone
+
+
+async def test_a_lost_compensation_after_the_failover_runs_as_before(
+    ledger: Ledger, database_url: str
+) -> None:
+    """The lost attempt began after the switch: its reservation was on the new primary, so "no row"
+    means nothing was reserved, and the hook runs."""
+    request = await _completed_payment(ledger)
+    now = datetime.now(UTC)
+    await _failed_over_at(database_url, now - timedelta(minutes=10))
+    UNDONE.clear()
+    activities = CompensationActivities(ledger, _registry(), "worker-c")
+    again = request.model_copy(update={"lost_attempt_at": now - timedelta(minutes=1)})
+    outcome = await _environment().run(activities.run_compensation, again)
+    assert UNDONE == [compensation_key(request.key)]
+    assert outcome.status is Status.COMPLETED
+
+
+async def test_a_compensation_whose_row_a_failover_took_is_written_back_unknown(
+    ledger: Ledger, database_url: str
+) -> None:
+    """The hook took effect; meanwhile the ledger failed over and the new primary never had the
+    compensation's reservation. Its outcome is not "record not found" but an unknown call at the
+    attempt that sent it, which an operator settles, and the hook is not run again."""
+    request = await _completed_payment(ledger)
+
+    async def lost_with_the_old_primary(key: str) -> None:
+        conn = await asyncpg.connect(database_url)
+        try:  # as a promoted standby that never received the rows: no trigger sees it
+            await conn.execute("SET session_replication_role = replica")
+            await conn.execute("DELETE FROM tool_execution_events WHERE key = $1", key)
+            await conn.execute("DELETE FROM tool_executions WHERE key = $1", key)
+        finally:
+            await conn.close()
+
+    UNDONE.clear()
+    AFTER_UNDO[:] = [lost_with_the_old_primary]
+    try:
+        activities = CompensationActivities(ledger, _registry(), "worker-c")
+        outcome = await _environment().run(activities.run_compensation, request)
+    finally:
+        AFTER_UNDO.clear()
+    assert UNDONE == [compensation_key(request.key)]
+    assert outcome.status is Status.INDETERMINATE
+    record = await ledger.get(compensation_key(request.key))
+    assert record.status is Status.INDETERMINATE
+    assert record.events[-1].kind == LOST_KIND
+    assert record.events[-1].detail["reported"]["status"] == "completed"  # what the owner knows
+
+
+# -- the workflow tells a second attempt when the lost one began ------------------------------------
+
+ATTEMPTS: list[CompensationInput] = []
+SCHEDULED: list[datetime] = []
+
+
+@activity.defn(name="plan_compensation")
+async def plan(request: CompensationInput) -> CompensationPlan:
+    return CompensationPlan(
+        compensation_key=compensation_key(request.key),
+        hook="refund",
+        timeout_seconds=5,
+        recheck_interval_seconds=60,
+    )
+
+
+@activity.defn(name="run_compensation")
+async def lost_once(request: CompensationInput) -> ToolOutcome:
+    """The first attempt is lost without a trace; the second completes."""
+    ATTEMPTS.append(request)
+    SCHEDULED.append(activity.info().scheduled_time)
+    if len(ATTEMPTS) == 1:
+        raise ApplicationError("the worker died", non_retryable=True)
+    return ToolOutcome(
+        tool_call_id=compensation_key(request.key),
+        tool="refund",
+        key=compensation_key(request.key),
+        status=Status.COMPLETED,
+    )
+
+
+@activity.defn(name="inspect_call")
+async def no_row(ref: CallRef) -> ToolOutcome | None:
+    return None
+
+
+@activity.defn(name="finish_compensation")
+async def finish(request: CompensationInput) -> ToolOutcome:
+    return ToolOutcome(tool_call_id="call_1", tool="pay", key=request.key, status=Status.COMPENSATED)
+
+
+async def test_a_compensation_run_again_after_no_row_is_told_when_the_lost_attempt_began(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    ATTEMPTS.clear()
+    SCHEDULED.clear()
+    queue = f"lost-compensations-{uuid.uuid4().hex[:8]}"
+    request = CompensationInput(key="run-x:call_1", tenant="t1", actor="operator:ana", reason="twice")
+    async with Worker(
+        temporal_env.client,
+        task_queue=queue,
+        workflows=[CompensationWorkflow],
+        activities=[plan, lost_once, no_row, finish],
+    ):
+        try:
+            await temporal_env.client.execute_workflow(
+                CompensationWorkflow.run, request, id=f"compensation:{uuid.uuid4().hex}", task_queue=queue
+            )
+        except WorkflowFailureError as exc:  # pragma: no cover - the assertions below say what failed
+            raise AssertionError(f"the compensation run failed: {exc.cause}") from exc
+    assert len(ATTEMPTS) == 2
+    assert ATTEMPTS[0].lost_attempt_at is None
+    lost_at = ATTEMPTS[1].lost_attempt_at
+    assert lost_at is not None
+    # The workflow's clock when it scheduled the first attempt: not after the server scheduled it.
+    assert lost_at <= SCHEDULED[0] < SCHEDULED[1]
+    assert SCHEDULED[0] - lost_at < timedelta(seconds=5)

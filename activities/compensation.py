@@ -35,6 +35,7 @@ from onceflow.runtime.constants import (
     ERR_COMPENSATION_NOT_REQUESTED,
     ERR_LEDGER_UNAVAILABLE,
     ERR_NO_COMPENSATION,
+    ERR_OUTCOME_NOT_RECORDED,
 )
 from onceflow.sdk.payloads import CompensationInput, CompensationPlan, ToolOutcome
 from onceflow.sdk.tools import Tool, ToolContext
@@ -151,7 +152,17 @@ class CompensationActivities:
         # With the row it reserved: a row a failover lost meanwhile is written back unknown, never
         # "not found" (which the workflow would read as nothing reserved, and run the hook again).
         outcome = outcome.model_copy(update={"reserved": reservation.record})
-        return await record_outcome(self.ledger, outcome)
+        try:
+            return await record_outcome(self.ledger, outcome)
+        except LedgerUnavailableError as exc:
+            # The hook ran and we know how it ended: the workflow records it with a retrying
+            # ledger step (as a write call's outcome is), rather than finding no row and guessing.
+            raise ApplicationError(
+                f"outcome not recorded: {exc}",
+                outcome.model_dump(mode="json"),
+                type=ERR_OUTCOME_NOT_RECORDED,
+                non_retryable=True,
+            ) from exc
 
     @activity.defn(name="finish_compensation")
     async def finish_compensation(self, request: CompensationInput) -> ToolOutcome:

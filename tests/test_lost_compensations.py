@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
@@ -33,8 +34,10 @@ from onceflow.activities.compensation import CompensationActivities, compensatio
 from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status, ToolExecutionRecord
 from onceflow.ledger.lost_writes import LOST_KIND
 from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
-from onceflow.sdk.payloads import CallRef, CompensationInput, CompensationPlan, ToolOutcome
+from onceflow.runtime.constants import ERR_OUTCOME_NOT_RECORDED
+from onceflow.sdk.payloads import CallRef, CompensationInput, CompensationPlan, OwnerOutcome, ToolOutcome
 from onceflow.workflows.compensation import CompensationWorkflow
+from tests.support.replication import fail_over, replicated_ledger
 
 undo = Toolset("lost-compensations")
 UNDONE: list[str] = []  # the compensation keys the hook was run with, in order
@@ -166,6 +169,68 @@ async def test_a_compensation_whose_row_a_failover_took_is_written_back_unknown(
     assert record.events[-1].detail["reported"]["status"] == "completed"  # what the owner knows
 
 
+async def test_a_compensation_whose_outcome_cannot_be_written_hands_it_to_the_workflow(
+    database_url: str,
+) -> None:
+    """The hook ran; the ledger is away when its outcome is written. The activity says so with the
+    outcome (and the row it reserved) in hand, for the workflow to record with a retrying step."""
+    setup = await Ledger.connect(database_url)
+    try:
+        request = await _completed_payment(setup)
+    finally:
+        await setup.close()
+    worker_ledger = await Ledger.connect(database_url)
+
+    async def ledger_gone(key: str) -> None:
+        await worker_ledger.close()
+
+    UNDONE.clear()
+    AFTER_UNDO[:] = [ledger_gone]
+    try:
+        activities = CompensationActivities(worker_ledger, _registry(), "worker-c")
+        with pytest.raises(ApplicationError) as raised:
+            await _environment().run(activities.run_compensation, request)
+    finally:
+        AFTER_UNDO.clear()
+    assert UNDONE == [compensation_key(request.key)]
+    assert raised.value.type == ERR_OUTCOME_NOT_RECORDED
+    handed = OwnerOutcome.model_validate(raised.value.details[0])
+    assert handed.status == "completed" and handed.value == {"refunded": request.key}
+    assert handed.reserved is not None and handed.reserved.key == compensation_key(request.key)
+
+
+async def test_a_compensation_lost_in_a_real_failover_after_its_worker_died_is_not_run_again() -> None:
+    """A primary and an asynchronous standby. The compensation is reserved and its hook runs; the
+    worker dies (its memory of what it wrote goes with it) and the primary is killed before the
+    reservation reached the standby. The run finds no row and asks again, telling when the lost
+    attempt began: the promoted ledger's timeline switch is after it, so nothing is run."""
+    async with replicated_ledger(synchronous=False) as (pair, dsn):
+        first = await Ledger.connect(dsn, process="worker-a")
+        try:
+            request = await _completed_payment(first)  # replicated before the hold
+            began = datetime.now(UTC)
+            pair.hold_replication()
+            UNDONE.clear()
+            activities = CompensationActivities(first, _registry(), "worker-a")
+            done = await _environment().run(activities.run_compensation, request)
+            assert done.status is Status.COMPLETED and UNDONE == [compensation_key(request.key)]
+        finally:
+            await first.close()  # the worker dies with its journal of acknowledged writes
+        fail_over(pair, lose_recent_writes=True)
+        second = await Ledger.connect(dsn, process="worker-b")
+        try:
+            assert await second.find(compensation_key(request.key)) is None  # "no row"
+            again = request.model_copy(update={"lost_attempt_at": began})
+            activities = CompensationActivities(second, _registry(), "worker-b")
+            outcome = await _environment().run(activities.run_compensation, again)
+            assert outcome.status is Status.INDETERMINATE
+            assert UNDONE == [compensation_key(request.key)]  # run once, never again
+            record = await second.get(compensation_key(request.key))
+            assert record.status is Status.INDETERMINATE and record.events[-1].kind == LOST_KIND
+        finally:
+            await second.close()
+
+
 # -- the workflow tells a second attempt when the lost one began ------------------------------------
 
 ATTEMPTS: list[CompensationInput] = []
@@ -233,3 +298,57 @@ async def test_a_compensation_run_again_after_no_row_is_told_when_the_lost_attem
     # The workflow's clock when it scheduled the first attempt: not after the server scheduled it.
     assert lost_at <= SCHEDULED[0] < SCHEDULED[1]
     assert SCHEDULED[0] - lost_at < timedelta(seconds=5)
+
+
+RECORDED: list[OwnerOutcome] = []
+INSPECTED: list[CallRef] = []
+
+
+@activity.defn(name="run_compensation")
+async def outcome_not_recorded(request: CompensationInput) -> ToolOutcome:
+    """The hook ran and completed; the ledger was away when its outcome was written."""
+    key = compensation_key(request.key)
+    outcome = OwnerOutcome(
+        key=key, owner="wf/1#1@w", tool="refund", tool_call_id=key, status="completed", value={"refunded": 1}
+    )
+    raise ApplicationError(
+        "outcome not recorded",
+        outcome.model_dump(mode="json"),
+        type=ERR_OUTCOME_NOT_RECORDED,
+        non_retryable=True,
+    )
+
+
+@activity.defn(name="record_outcome")
+async def record(outcome: OwnerOutcome) -> ToolOutcome:
+    RECORDED.append(outcome)
+    return ToolOutcome(
+        tool_call_id=outcome.tool_call_id, tool=outcome.tool, key=outcome.key, status=Status.COMPLETED
+    )
+
+
+@activity.defn(name="inspect_call")
+async def inspect(ref: CallRef) -> ToolOutcome | None:
+    INSPECTED.append(ref)
+    return None
+
+
+async def test_a_compensation_whose_outcome_was_not_written_is_recorded_not_looked_for(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    RECORDED.clear()
+    INSPECTED.clear()
+    queue = f"lost-compensations-{uuid.uuid4().hex[:8]}"
+    request = CompensationInput(key="run-y:call_1", tenant="t1", actor="operator:ana", reason="twice")
+    async with Worker(
+        temporal_env.client,
+        task_queue=queue,
+        workflows=[CompensationWorkflow],
+        activities=[plan, outcome_not_recorded, record, inspect, finish],
+    ):
+        result = await temporal_env.client.execute_workflow(
+            CompensationWorkflow.run, request, id=f"compensation:{uuid.uuid4().hex}", task_queue=queue
+        )
+    assert result.status is Status.COMPLETED
+    assert [r.value for r in RECORDED] == [{"refunded": 1}]
+    assert INSPECTED == []  # nothing guessed from the ledger's rows

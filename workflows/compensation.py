@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from onceflow.ledger.status import Status
     from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
+        ERR_OUTCOME_NOT_RECORDED,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
         PHASE,
@@ -35,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         CompensationInput,
         CompensationPlan,
         CompensationResult,
+        OwnerOutcome,
         Phase,
         ResolveSignal,
         ToolOutcome,
@@ -47,6 +49,9 @@ _MAX_UNRESERVED_RERUNS = 3
 # An unknown compensation re-reads the ledger on a timer (the agent's recheck_interval), not only when
 # nudged. Runs started before it replay without the timer.
 PATCH_COMPENSATION_RECHECK = "compensation-recheck"
+# The compensation ran and only its outcome's write failed: the outcome is recorded by a retrying
+# ledger step instead of being looked for. Runs from before replay the inspection they made.
+PATCH_COMPENSATION_OUTCOME = "compensation-outcome-not-recorded"
 
 
 def compensation_workflow_id(key: str) -> str:
@@ -112,6 +117,20 @@ class CompensationWorkflow:
                 )
                 return outcome
             except ActivityError as err:
+                cause = err.cause
+                if (
+                    isinstance(cause, ApplicationError)
+                    and cause.type == ERR_OUTCOME_NOT_RECORDED
+                    and workflow.patched(PATCH_COMPENSATION_OUTCOME)
+                ):
+                    recorded: ToolOutcome = await workflow.execute_activity_method(
+                        LedgerActivities.record_outcome,
+                        OwnerOutcome.model_validate(cause.details[0]),
+                        start_to_close_timeout=LEDGER_STEP_TIMEOUT,
+                        retry_policy=LEDGER_RETRY,
+                        summary=f"record outcome {ref.key}",
+                    )
+                    return recorded
                 found = await workflow.execute_activity_method(
                     LedgerActivities.inspect_call,
                     ref,

@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from onceflow import metrics
 from onceflow.activities.outcomes import attempt_began, attempt_deadline, outcome_from_record, owner_token
-from onceflow.activities.sending import record_outcome, send_once, unknown_if_failed_over
+from onceflow.activities.sending import record_sent_outcome, send_once, unknown_if_failed_over
 from onceflow.ledger import (
     AttemptExpiredError,
     CallIdentity,
@@ -35,7 +35,6 @@ from onceflow.runtime.constants import (
     ERR_COMPENSATION_NOT_REQUESTED,
     ERR_LEDGER_UNAVAILABLE,
     ERR_NO_COMPENSATION,
-    ERR_OUTCOME_NOT_RECORDED,
 )
 from onceflow.sdk.payloads import CompensationInput, CompensationPlan, ToolOutcome
 from onceflow.sdk.tools import Tool, ToolContext
@@ -152,17 +151,7 @@ class CompensationActivities:
         # With the row it reserved: a row a failover lost meanwhile is written back unknown, never
         # "not found" (which the workflow would read as nothing reserved, and run the hook again).
         outcome = outcome.model_copy(update={"reserved": reservation.record})
-        try:
-            return await record_outcome(self.ledger, outcome)
-        except LedgerUnavailableError as exc:
-            # The hook ran and we know how it ended: the workflow records it with a retrying
-            # ledger step (as a write call's outcome is), rather than finding no row and guessing.
-            raise ApplicationError(
-                f"outcome not recorded: {exc}",
-                outcome.model_dump(mode="json"),
-                type=ERR_OUTCOME_NOT_RECORDED,
-                non_retryable=True,
-            ) from exc
+        return await record_sent_outcome(self.ledger, outcome)
 
     @activity.defn(name="finish_compensation")
     async def finish_compensation(self, request: CompensationInput) -> ToolOutcome:

@@ -26,7 +26,7 @@ from onceflow.ledger import (
     ToolExecutionRecord,
 )
 from onceflow.ledger.acknowledged import behind
-from onceflow.runtime.constants import ERR_LEDGER_UNAVAILABLE
+from onceflow.runtime.constants import ERR_LEDGER_UNAVAILABLE, ERR_OUTCOME_NOT_RECORDED
 from onceflow.sdk.payloads import OwnerOutcome, ToolOutcome, result_problem
 from onceflow.sdk.tools import (
     ToolContext,
@@ -129,6 +129,22 @@ async def record_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
         raise RecordNotFoundError(outcome.key)
     await wake_held(ledger, record)
     return outcome_from_record(record)
+
+
+async def record_sent_outcome(ledger: Ledger, outcome: OwnerOutcome) -> ToolOutcome:
+    """`record_outcome` for the activity that sent the call: with the ledger away, the outcome goes
+    to the workflow instead (ERR_OUTCOME_NOT_RECORDED, the outcome in its details), which records it
+    with a retrying ledger step. The effect may have happened and its owner knows how it ended:
+    dropping that, or leaving the workflow to find no row and guess, would lose what is known."""
+    try:
+        return await record_outcome(ledger, outcome)
+    except LedgerUnavailableError as exc:
+        raise ApplicationError(
+            f"outcome not recorded: {exc}",
+            outcome.model_dump(mode="json"),
+            type=ERR_OUTCOME_NOT_RECORDED,
+            non_retryable=True,
+        ) from exc
 
 
 async def unknown_if_failed_over(

@@ -21,7 +21,12 @@ from onceflow.activities.outcomes import (
     outcome_from_record,
     owner_token,
 )
-from onceflow.activities.sending import record_outcome, send_once, unkeepable_result, unknown_if_failed_over
+from onceflow.activities.sending import (
+    record_sent_outcome,
+    send_once,
+    unkeepable_result,
+    unknown_if_failed_over,
+)
 from onceflow.activities.tool_io import checked_arguments, oversized, refused, split_arguments, tool_context
 from onceflow.ledger import (
     AttemptExpiredError,
@@ -45,7 +50,6 @@ from onceflow.runtime.constants import (
     ERR_INVALID_RUN_ID,
     ERR_LEDGER_UNAVAILABLE,
     ERR_NOT_A_READ,
-    ERR_OUTCOME_NOT_RECORDED,
     ERR_PAYLOAD_MISMATCH,
     ERR_RUN_ID_TAKEN,
     ERR_TENANT_MISMATCH,
@@ -205,17 +209,7 @@ class ToolActivities:
         if too_large:
             # It took effect; only the answer is dropped. The ledger and the model say so.
             outcome = outcome.model_copy(update={"value": {"result_omitted": too_large}})
-        try:
-            return await record_outcome(self.ledger, outcome)
-        except LedgerUnavailableError as exc:
-            # The effect may have happened and we know how it ended; hand the outcome to the
-            # workflow, which records it with a retrying ledger step.
-            raise ApplicationError(
-                f"outcome not recorded: {exc}",
-                outcome.model_dump(mode="json"),
-                type=ERR_OUTCOME_NOT_RECORDED,
-                non_retryable=True,
-            ) from exc
+        return await record_sent_outcome(self.ledger, outcome)
 
     async def _answered(self, reservation: ReserveResult) -> ToolOutcome:
         """What the model is told of a call the ledger answered for (a reused call whose source was

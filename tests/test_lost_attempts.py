@@ -10,13 +10,9 @@ calls; the timelines are written as a worker would have recorded them.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
-
-import asyncpg
-from temporalio.testing import ActivityEnvironment
 
 from onceflow import ToolContext, Toolset, external
 from onceflow.activities.tools import ToolActivities
@@ -24,6 +20,7 @@ from onceflow.ledger import Ledger, Status
 from onceflow.ledger.lost_writes import LOST_KIND
 from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
 from onceflow.sdk.payloads import ToolCall, ToolCallInput
+from tests.support.lost_attempts import attempt_environment, failed_over_at
 
 lost = Toolset("lost-attempts")
 SENT: list[str] = []
@@ -43,30 +40,6 @@ def _registry() -> AgentRegistry:
     return AgentRegistry({"payer": Agent("payer", config, {t.name: t for t in lost.tools})})
 
 
-async def _failed_over_at(database_url: str, when: datetime) -> None:
-    """The ledger started on timeline 1 an hour before; timeline 2 was first seen at `when`."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute("DELETE FROM onceflow_timelines")
-        await conn.execute(
-            "INSERT INTO onceflow_timelines (timeline, first_seen_at, first_seen_by) VALUES"
-            " (1, $1, 'worker-a'), (2, $2, 'worker-b')",
-            when - timedelta(hours=1),
-            when,
-        )
-    finally:
-        await conn.close()
-
-
-def _environment() -> ActivityEnvironment:
-    """An attempt that started now and has the write's usual start-to-close timeout."""
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(
-        env.info, started_time=datetime.now(UTC), start_to_close_timeout=timedelta(seconds=35)
-    )
-    return env
-
-
 def _input(lost_attempt_at: datetime) -> ToolCallInput:
     return ToolCallInput(
         run_id=f"run-{uuid.uuid4().hex[:10]}",
@@ -81,11 +54,11 @@ async def test_a_lost_attempt_before_a_failover_makes_the_call_unknown_and_sends
     ledger: Ledger, database_url: str
 ) -> None:
     now = datetime.now(UTC)
-    await _failed_over_at(database_url, now)
+    await failed_over_at(database_url, now)
     SENT.clear()
     activities = ToolActivities(ledger, _registry(), "worker-c")
     request = _input(lost_attempt_at=now - timedelta(minutes=3))
-    outcome = await _environment().run(activities.run_write_tool, request)
+    outcome = await attempt_environment().run(activities.run_write_tool, request)
     assert outcome.status is Status.INDETERMINATE
     assert SENT == []  # never sent again
     record = await ledger.get(outcome.key or "")
@@ -99,10 +72,10 @@ async def test_a_lost_attempt_after_the_failover_is_sent_as_before(ledger: Ledge
     """The lost attempt began after the switch was seen: its reservation was on the new primary, so
     "no row" means what it always meant, and the call is sent."""
     now = datetime.now(UTC)
-    await _failed_over_at(database_url, now - timedelta(minutes=10))
+    await failed_over_at(database_url, now - timedelta(minutes=10))
     SENT.clear()
     activities = ToolActivities(ledger, _registry(), "worker-c")
     request = _input(lost_attempt_at=now - timedelta(minutes=1))
-    outcome = await _environment().run(activities.run_write_tool, request)
+    outcome = await attempt_environment().run(activities.run_write_tool, request)
     assert outcome.status is Status.COMPLETED
     assert SENT == [outcome.key]

@@ -16,7 +16,6 @@ Each test's record is its own hook's list of what it undid, and the Temporal his
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,7 +25,7 @@ import pytest
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow import ToolContext, Toolset, external
@@ -35,8 +34,16 @@ from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status, ToolExecut
 from onceflow.ledger.lost_writes import LOST_KIND
 from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
 from onceflow.runtime.constants import ERR_OUTCOME_NOT_RECORDED
-from onceflow.sdk.payloads import CallRef, CompensationInput, CompensationPlan, OwnerOutcome, ToolOutcome
+from onceflow.sdk.payloads import (
+    CallRef,
+    CompensationInput,
+    CompensationPlan,
+    CompensationResult,
+    OwnerOutcome,
+    ToolOutcome,
+)
 from onceflow.workflows.compensation import CompensationWorkflow
+from tests.support.lost_attempts import attempt_environment, failed_over_at
 from tests.support.replication import fail_over, replicated_ledger
 
 undo = Toolset("lost-compensations")
@@ -80,39 +87,16 @@ async def _completed_payment(ledger: Ledger) -> CompensationInput:
     return CompensationInput(key=call.key, tenant="t1", actor="operator:ana", reason="paid twice by hand")
 
 
-async def _failed_over_at(database_url: str, when: datetime) -> None:
-    """The ledger started on timeline 1 an hour before; timeline 2 was first seen at `when`."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute("DELETE FROM onceflow_timelines")
-        await conn.execute(
-            "INSERT INTO onceflow_timelines (timeline, first_seen_at, first_seen_by) VALUES"
-            " (1, $1, 'worker-a'), (2, $2, 'worker-b')",
-            when - timedelta(hours=1),
-            when,
-        )
-    finally:
-        await conn.close()
-
-
-def _environment() -> ActivityEnvironment:
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(
-        env.info, started_time=datetime.now(UTC), start_to_close_timeout=timedelta(seconds=35)
-    )
-    return env
-
-
 async def test_a_lost_compensation_before_a_failover_is_unknown_and_not_run_again(
     ledger: Ledger, database_url: str
 ) -> None:
     request = await _completed_payment(ledger)
     now = datetime.now(UTC)
-    await _failed_over_at(database_url, now)
+    await failed_over_at(database_url, now)
     UNDONE.clear()
     activities = CompensationActivities(ledger, _registry(), "worker-c")
     again = request.model_copy(update={"lost_attempt_at": now - timedelta(minutes=3)})
-    outcome = await _environment().run(activities.run_compensation, again)
+    outcome = await attempt_environment().run(activities.run_compensation, again)
     assert UNDONE == []  # the hook was not run again
     assert outcome.status is Status.INDETERMINATE
     record = await ledger.get(compensation_key(request.key))
@@ -128,11 +112,11 @@ async def test_a_lost_compensation_after_the_failover_runs_as_before(
     means nothing was reserved, and the hook runs."""
     request = await _completed_payment(ledger)
     now = datetime.now(UTC)
-    await _failed_over_at(database_url, now - timedelta(minutes=10))
+    await failed_over_at(database_url, now - timedelta(minutes=10))
     UNDONE.clear()
     activities = CompensationActivities(ledger, _registry(), "worker-c")
     again = request.model_copy(update={"lost_attempt_at": now - timedelta(minutes=1)})
-    outcome = await _environment().run(activities.run_compensation, again)
+    outcome = await attempt_environment().run(activities.run_compensation, again)
     assert UNDONE == [compensation_key(request.key)]
     assert outcome.status is Status.COMPLETED
 
@@ -158,7 +142,7 @@ async def test_a_compensation_whose_row_a_failover_took_is_written_back_unknown(
     AFTER_UNDO[:] = [lost_with_the_old_primary]
     try:
         activities = CompensationActivities(ledger, _registry(), "worker-c")
-        outcome = await _environment().run(activities.run_compensation, request)
+        outcome = await attempt_environment().run(activities.run_compensation, request)
     finally:
         AFTER_UNDO.clear()
     assert UNDONE == [compensation_key(request.key)]
@@ -189,7 +173,7 @@ async def test_a_compensation_whose_outcome_cannot_be_written_hands_it_to_the_wo
     try:
         activities = CompensationActivities(worker_ledger, _registry(), "worker-c")
         with pytest.raises(ApplicationError) as raised:
-            await _environment().run(activities.run_compensation, request)
+            await attempt_environment().run(activities.run_compensation, request)
     finally:
         AFTER_UNDO.clear()
     assert UNDONE == [compensation_key(request.key)]
@@ -212,7 +196,7 @@ async def test_a_compensation_lost_in_a_real_failover_after_its_worker_died_is_n
             pair.hold_replication()
             UNDONE.clear()
             activities = CompensationActivities(first, _registry(), "worker-a")
-            done = await _environment().run(activities.run_compensation, request)
+            done = await attempt_environment().run(activities.run_compensation, request)
             assert done.status is Status.COMPLETED and UNDONE == [compensation_key(request.key)]
         finally:
             await first.close()  # the worker dies with its journal of acknowledged writes
@@ -222,7 +206,7 @@ async def test_a_compensation_lost_in_a_real_failover_after_its_worker_died_is_n
             assert await second.find(compensation_key(request.key)) is None  # "no row"
             again = request.model_copy(update={"lost_attempt_at": began})
             activities = CompensationActivities(second, _registry(), "worker-b")
-            outcome = await _environment().run(activities.run_compensation, again)
+            outcome = await attempt_environment().run(activities.run_compensation, again)
             assert outcome.status is Status.INDETERMINATE
             assert UNDONE == [compensation_key(request.key)]  # run once, never again
             record = await second.get(compensation_key(request.key))
@@ -232,6 +216,23 @@ async def test_a_compensation_lost_in_a_real_failover_after_its_worker_died_is_n
 
 
 # -- the workflow tells a second attempt when the lost one began ------------------------------------
+
+
+async def _compensate(temporal_env: WorkflowEnvironment, activities: list[Any]) -> CompensationResult:
+    """One CompensationWorkflow run on a worker of its own with these activities (test doubles
+    under the real activities' names); its result, or an AssertionError saying why it failed."""
+    queue = f"lost-compensations-{uuid.uuid4().hex[:8]}"
+    request = CompensationInput(key="run-x:call_1", tenant="t1", actor="operator:ana", reason="twice")
+    async with Worker(
+        temporal_env.client, task_queue=queue, workflows=[CompensationWorkflow], activities=activities
+    ):
+        try:
+            return await temporal_env.client.execute_workflow(
+                CompensationWorkflow.run, request, id=f"compensation:{uuid.uuid4().hex}", task_queue=queue
+            )
+        except WorkflowFailureError as exc:  # pragma: no cover - the assertions say what failed
+            raise AssertionError(f"the compensation run failed: {exc.cause}") from exc
+
 
 ATTEMPTS: list[CompensationInput] = []
 SCHEDULED: list[datetime] = []
@@ -277,20 +278,7 @@ async def test_a_compensation_run_again_after_no_row_is_told_when_the_lost_attem
 ) -> None:
     ATTEMPTS.clear()
     SCHEDULED.clear()
-    queue = f"lost-compensations-{uuid.uuid4().hex[:8]}"
-    request = CompensationInput(key="run-x:call_1", tenant="t1", actor="operator:ana", reason="twice")
-    async with Worker(
-        temporal_env.client,
-        task_queue=queue,
-        workflows=[CompensationWorkflow],
-        activities=[plan, lost_once, no_row, finish],
-    ):
-        try:
-            await temporal_env.client.execute_workflow(
-                CompensationWorkflow.run, request, id=f"compensation:{uuid.uuid4().hex}", task_queue=queue
-            )
-        except WorkflowFailureError as exc:  # pragma: no cover - the assertions below say what failed
-            raise AssertionError(f"the compensation run failed: {exc.cause}") from exc
+    await _compensate(temporal_env, [plan, lost_once, no_row, finish])
     assert len(ATTEMPTS) == 2
     assert ATTEMPTS[0].lost_attempt_at is None
     lost_at = ATTEMPTS[1].lost_attempt_at
@@ -338,17 +326,7 @@ async def test_a_compensation_whose_outcome_was_not_written_is_recorded_not_look
 ) -> None:
     RECORDED.clear()
     INSPECTED.clear()
-    queue = f"lost-compensations-{uuid.uuid4().hex[:8]}"
-    request = CompensationInput(key="run-y:call_1", tenant="t1", actor="operator:ana", reason="twice")
-    async with Worker(
-        temporal_env.client,
-        task_queue=queue,
-        workflows=[CompensationWorkflow],
-        activities=[plan, outcome_not_recorded, record, inspect, finish],
-    ):
-        result = await temporal_env.client.execute_workflow(
-            CompensationWorkflow.run, request, id=f"compensation:{uuid.uuid4().hex}", task_queue=queue
-        )
+    result = await _compensate(temporal_env, [plan, outcome_not_recorded, record, inspect, finish])
     assert result.status is Status.COMPLETED
     assert [r.value for r in RECORDED] == [{"refunded": 1}]
     assert INSPECTED == []  # nothing guessed from the ledger's rows

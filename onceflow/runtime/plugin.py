@@ -23,27 +23,22 @@ how to fix it: a worker never polls for runs it would leave stuck. onceflow's ow
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import asyncpg
 from temporalio.client import ClientConfig
 from temporalio.contrib.opentelemetry import TracingInterceptor
-from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
-from temporalio.converter import DataConverter, DefaultPayloadConverter
+from temporalio.converter import DefaultPayloadConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.service import RPCError
-from temporalio.worker import ReplayerConfig, Worker, WorkerConfig, WorkflowRunner
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+from temporalio.worker import ReplayerConfig, Worker, WorkerConfig
 
 from onceflow.activities import SignalDoor, all_activities, default_identity
 from onceflow.adapters.heard import OnceflowInterceptor
-from onceflow.adapters.host import WriteTools
 from onceflow.ledger import Ledger, LedgerError, migrate, schema_behind
-from onceflow.runtime.agents import AgentRegistry, ToolPolicy, check_models, load_agents
+from onceflow.runtime.agents import ToolPolicy
 from onceflow.runtime.client import (
     ensure_search_attributes,
     missing_search_attributes,
@@ -52,21 +47,17 @@ from onceflow.runtime.client import (
 from onceflow.runtime.config import Settings
 from onceflow.runtime.ledger_check import check_ledger_at_start
 from onceflow.runtime.lost_calls import reconcile_restored
+from onceflow.runtime.plugin_parts import (
+    AgentSource,
+    carrying_pydantic,
+    later_plugin_brings_a_converter,
+    registry_from,
+    with_pass_through,
+)
 from onceflow.runtime.telemetry import configure_tracing, tracing_interceptor
 from onceflow.workflows import ALL_WORKFLOWS
 
 log = logging.getLogger("onceflow.runtime.plugin")
-
-AgentSource = str | os.PathLike[str] | AgentRegistry | WriteTools
-
-# The sandbox imports afresh, per workflow, every module not passed through. A hosting workflow's
-# module imports `onceflow.adapters...`, whose package imports the ledger and with it asyncpg: fresh
-# copies of those gave the workflow a second `Status` class (so `outcome.status is Status.X` was false
-# and an unknown call did not wait) and, re-initialised beside the real one, asyncpg's C extension
-# crashed the worker (a segmentation fault in `execute`). onceflow's own workflows import them passed
-# through; this makes it so for every workflow on the worker. (`onceflow` covers onceflow.ledger and
-# onceflow.activities, the symlinked top-level folders.)
-_PASSED_THROUGH = ("asyncpg", "onceflow")
 
 
 class OnceflowStartupError(RuntimeError):
@@ -121,7 +112,7 @@ class OnceflowPlugin(SimplePlugin):
         policy = None
         if tool_policy is not None:
             policy = tool_policy if isinstance(tool_policy, ToolPolicy) else ToolPolicy(**tool_policy)
-        self.registry = _registry(agents, policy)
+        self.registry = registry_from(agents, policy)
         self._database_url = database_url or None
         self._owns_ledger = ledger is None
         self.ledger = ledger if ledger is not None else Ledger.opened_later()
@@ -138,14 +129,14 @@ class OnceflowPlugin(SimplePlugin):
         self._mcp: Any = None  # onceflow.mcp.runtime.McpToolsets, while workers run
         # Set once a worker passed the start-up checks and polls (onceflow's own worker logs then).
         self.ready = asyncio.Event()
-        super().__init__("onceflow.OnceflowPlugin", workflow_runner=_pass_through)
+        super().__init__("onceflow.OnceflowPlugin", workflow_runner=with_pass_through)
 
     # -- client ---------------------------------------------------------------------------------------
 
     def configure_client(self, config: ClientConfig) -> ClientConfig:
         config = super().configure_client(config)
         configure_tracing()
-        if not _later_plugin_brings_a_converter(self, config.get("plugins", ())):
+        if not later_plugin_brings_a_converter(self, config.get("plugins", ())):
             config["data_converter"] = carrying_pydantic(config.get("data_converter"))
         interceptors = list(config.get("interceptors") or ())
         if not any(isinstance(i, TracingInterceptor) for i in interceptors):
@@ -320,36 +311,6 @@ class OnceflowPlugin(SimplePlugin):
             await self.ledger.close()
 
 
-def carrying_pydantic(converter: DataConverter | None) -> DataConverter:
-    """A data converter for onceflow's payloads: the given one, unless it is Temporal's default, which
-    cannot carry pydantic models; then the same with temporalio.contrib.pydantic's payload converter
-    (a codec or failure converter it has are kept)."""
-    if converter is None or converter is DataConverter.default:
-        return pydantic_data_converter
-    if converter.payload_converter_class is DefaultPayloadConverter:
-        return dataclasses.replace(converter, payload_converter_class=PydanticPayloadConverter)
-    return converter
-
-
-def _later_plugin_brings_a_converter(plugin: object, plugins: Sequence[object]) -> bool:
-    """Does a plugin configured after this one set the data converter (OpenAIAgentsPlugin,
-    PydanticAIPlugin)? Then it decides: both carry pydantic models, and OpenAI's refuses to follow
-    another converter."""
-    listed = list(plugins)
-    later = listed[listed.index(plugin) + 1 :] if plugin in listed else []
-    return any(getattr(p, "data_converter", None) is not None for p in later)
-
-
-def _pass_through(runner: WorkflowRunner | None) -> WorkflowRunner:
-    if runner is None:
-        raise ValueError("OnceflowPlugin: the worker has no workflow runner")
-    if not isinstance(runner, SandboxedWorkflowRunner):
-        return runner
-    return dataclasses.replace(
-        runner, restrictions=runner.restrictions.with_passthrough_modules(*_PASSED_THROUGH)
-    )
-
-
 async def _finish_without_serving(worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
     """End a worker that must not serve through the SDK's own path: started with its shutdown asked
     for already, it stops at once and lets `async with worker` and `shutdown()` return (a plugin that
@@ -359,48 +320,6 @@ async def _finish_without_serving(worker: Worker, next: Callable[[Worker], Await
         await next(worker)
     finally:
         await stopping
-
-
-def _registry(agents: AgentSource | Sequence[AgentSource] | None, policy: ToolPolicy | None) -> AgentRegistry:
-    """One registry from what `agents` names, with `policy` for the agents declared without one."""
-    if agents is None:
-        sources: list[AgentSource] = []
-    elif isinstance(agents, (str, os.PathLike, AgentRegistry, WriteTools)):
-        sources = [agents]
-    else:
-        sources = list(agents)
-    registry: AgentRegistry | None = None
-    writes: list[WriteTools] = []
-    for source in sources:
-        if isinstance(source, WriteTools):
-            writes.append(source)
-            continue
-        loaded = source if isinstance(source, AgentRegistry) else _load(source)
-        if policy is not None:
-            for agent in loaded.agents.values():
-                if "tool_policy" not in agent.config.model_fields_set:
-                    agent.config = agent.config.model_copy(update={"tool_policy": policy})
-        if registry is None:
-            registry = loaded
-            continue
-        both = sorted(set(registry.agents) & set(loaded.agents))
-        if both:
-            raise ValueError(f"OnceflowPlugin: agents named twice: {', '.join(both)}")
-        registry.agents.update(loaded.agents)
-        registry.mcp_servers.update(loaded.mcp_servers)
-    registry = registry if registry is not None else AgentRegistry({})
-    for write_tools in writes:
-        if policy is not None:
-            write_tools.use_default_policy(policy)
-        write_tools.register(registry)
-    return registry
-
-
-def _load(path: str | os.PathLike[str]) -> AgentRegistry:
-    registry = load_agents(os.fspath(path))
-    for note in check_models(registry):
-        log.warning("%s", note)
-    return registry
 
 
 __all__ = ["OnceflowPlugin", "OnceflowStartupError", "carrying_pydantic"]

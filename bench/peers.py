@@ -17,14 +17,14 @@ time. Printed per system:
   postmaster and its backends), the billing service; measured around each system's calls (the
   histories are read afterwards, outside the measured time), less what each process spends idle
   (measured first, --idle-seconds) over the time those calls took.
-Then, with `--writes N` (default 5; 1 skips it), the same rounds again for onceflow and the plain
-activity only, each with runs of one write and of N: what one more write call in a run costs, per
-process, apart from what its run costs once (the hosting workflow's start, its search attributes),
-with a bootstrap interval over rounds (bench/peers_report.py prints it).
 Then onceflow against the plain activity, beside the two commits it needs (the bare pair of
 bench/instructions.py: a plain INSERT ... ON CONFLICT and an UPDATE on a table like the ledger's,
 each committed, sent bare on one connection): goal, onceflow's extra latency at most the two commits
 plus 0.5 ms, and its extra CPU at most the two commits' plus 0.5 ms.
+Last, with `--writes N` (default 5; 1 skips it), the same rounds again for onceflow and the plain
+activity only, each with runs of one write and of N: what one more write call in a run costs, per
+process, apart from what its run costs once (the hosting workflow's start, its search attributes),
+with a bootstrap interval over rounds (bench/peers_report.py prints it).
 
     .venv/bin/python bench/peers.py [--rounds 20] [--per-round 5] [--warmup 3] [--writes 5]
 """

@@ -119,12 +119,16 @@ class CompensationActivities:
                 lease=tool.effect.timeout + ACTIVITY_MARGIN,
                 not_after=attempt_deadline(),
                 began_at=attempt_began(),
+                # Earlier attempts whose answer was lost: a reservation of theirs was never sent.
+                unsent_owners=request.unsent_owners,
             )
         except AttemptExpiredError as exc:
             raise ApplicationError(str(exc), type=ERR_ATTEMPT_EXPIRED, non_retryable=True) from exc
         except LedgerUnavailableError as exc:
+            # Perhaps the reservation committed and only its answer was lost: the next attempt
+            # recognises it by this attempt's owner token.
             raise ApplicationError(
-                f"not sent: {exc}", type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
+                f"not sent: {exc}", {"owner": owner}, type=ERR_LEDGER_UNAVAILABLE, non_retryable=True
             ) from exc
         if not reservation.may_send:
             return outcome_from_record(reservation.record, replayed=True)

@@ -33,7 +33,11 @@ from onceflow.activities.compensation import CompensationActivities, compensatio
 from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status, ToolExecutionRecord
 from onceflow.ledger.lost_writes import LOST_KIND
 from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
-from onceflow.runtime.constants import ERR_OUTCOME_NOT_RECORDED
+from onceflow.runtime.constants import (
+    ERR_LEDGER_UNAVAILABLE,
+    ERR_OUTCOME_NOT_RECORDED,
+    RESERVE_BACKOFF_INITIAL,
+)
 from onceflow.sdk.payloads import (
     CallRef,
     CompensationInput,
@@ -330,3 +334,72 @@ async def test_a_compensation_whose_outcome_was_not_written_is_recorded_not_look
     assert result.status is Status.COMPLETED
     assert [r.value for r in RECORDED] == [{"refunded": 1}]
     assert INSPECTED == []  # nothing guessed from the ledger's rows
+
+
+# -- a reservation whose answer was lost: nothing was sent, and the next attempt knows it ------------
+
+REQUESTS: list[CompensationInput] = []
+SLEPT: list[datetime] = []
+
+
+@activity.defn(name="run_compensation")
+async def answer_lost_once(request: CompensationInput) -> ToolOutcome:
+    """The first attempt's reservation may have committed while its answer was lost (the ledger is
+    away); it sent nothing and says so, with its owner token. The second completes."""
+    REQUESTS.append(request)
+    SLEPT.append(activity.info().scheduled_time)
+    if len(REQUESTS) == 1:
+        raise ApplicationError(
+            "not sent: the ledger is away",
+            {"owner": "wf/1#1@w"},
+            type=ERR_LEDGER_UNAVAILABLE,
+            non_retryable=True,
+        )
+    key = compensation_key(request.key)
+    return ToolOutcome(tool_call_id=key, tool="refund", key=key, status=Status.COMPLETED)
+
+
+async def test_a_compensation_not_sent_for_the_ledger_is_reserved_again_naming_the_lost_owner(
+    temporal_env: WorkflowEnvironment,
+) -> None:
+    REQUESTS.clear()
+    SLEPT.clear()
+    INSPECTED.clear()
+    result = await _compensate(temporal_env, [plan, answer_lost_once, inspect, finish])
+    assert result.status is Status.COMPLETED
+    assert [r.unsent_owners for r in REQUESTS] == [[], ["wf/1#1@w"]]
+    assert INSPECTED == []  # "not sent" is known: nothing to look for, nothing left unknown
+    assert SLEPT[1] - SLEPT[0] >= RESERVE_BACKOFF_INITIAL  # the ledger is given time to come back
+
+
+async def test_a_compensation_reserved_by_an_attempt_that_sent_nothing_is_released_and_run_once(
+    ledger: Ledger,
+) -> None:
+    """The earlier attempt's reservation committed, its answer lost: the row is `started` under its
+    owner token. The next attempt, told that token, releases it as not attempted and runs the hook."""
+    request = await _completed_payment(ledger)
+    original = await ledger.get(request.key)
+    lost_owner = "compensation:run-x/1#1@worker-a"
+    await ledger.reserve(
+        CallIdentity(
+            tenant=original.tenant,
+            run_id=original.run_id,
+            tool_call_id=original.tool_call_id + ":compensation",
+            agent=original.agent,
+        ),
+        tool_name="refund",
+        side_effect=SideEffect.EXTERNAL,
+        arguments={"compensates": original.key},
+        owner=lost_owner,
+        lease=timedelta(seconds=35),
+    )
+    UNDONE.clear()
+    activities = CompensationActivities(ledger, _registry(), "worker-b")
+    again = request.model_copy(update={"unsent_owners": [lost_owner]})
+    outcome = await attempt_environment().run(activities.run_compensation, again)
+    assert UNDONE == [compensation_key(request.key)]
+    assert outcome.status is Status.COMPLETED
+    record = await ledger.get(compensation_key(request.key))
+    assert record.attempt == 2 and record.owner != lost_owner
+    released = [e for e in record.events if e.kind == "failed" and e.to_status is Status.FAILED]
+    assert len(released) == 1 and "nothing was sent" in (released[0].reason or "")

@@ -23,10 +23,13 @@ with workflow.unsafe.imports_passed_through():
     from onceflow.ledger.status import Status
     from onceflow.runtime.constants import (
         ACTIVITY_MARGIN,
+        ERR_LEDGER_UNAVAILABLE,
         ERR_OUTCOME_NOT_RECORDED,
         LEDGER_RETRY,
         LEDGER_STEP_TIMEOUT,
         PHASE,
+        RESERVE_BACKOFF_INITIAL,
+        RESERVE_BACKOFF_MAX,
         TENANT,
         UNRESOLVED_KEYS,
         WRITE_ONCE,
@@ -42,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         ToolOutcome,
     )
 
-from onceflow.workflows.write_state import wait_until
+from onceflow.workflows.write_state import wait_until, with_unsent_owner
 
 # The compensation activity lost before it reserved anything is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
@@ -52,6 +55,9 @@ PATCH_COMPENSATION_RECHECK = "compensation-recheck"
 # The compensation ran and only its outcome's write failed: the outcome is recorded by a retrying
 # ledger step instead of being looked for. Runs from before replay the inspection they made.
 PATCH_COMPENSATION_OUTCOME = "compensation-outcome-not-recorded"
+# The compensation met the ledger away and sent nothing: it is reserved again after a while, naming
+# the attempt's owner token, instead of being looked for. Runs from before replay the inspection.
+PATCH_COMPENSATION_LEDGER_AWAY = "compensation-ledger-away"
 
 
 def compensation_workflow_id(key: str) -> str:
@@ -105,7 +111,9 @@ class CompensationWorkflow:
 
     async def _compensate_once(self, request: CompensationInput, plan: CompensationPlan) -> ToolOutcome:
         ref = CallRef(key=plan.compensation_key, tool=plan.hook, tool_call_id=plan.compensation_key)
-        for _ in range(_MAX_UNRESERVED_RERUNS + 1):
+        backoff = RESERVE_BACKOFF_INITIAL
+        unexpected = 0
+        while True:
             began = workflow.now()
             try:
                 outcome: ToolOutcome = await workflow.execute_activity_method(
@@ -120,6 +128,18 @@ class CompensationWorkflow:
                 cause = err.cause
                 if (
                     isinstance(cause, ApplicationError)
+                    and cause.type == ERR_LEDGER_UNAVAILABLE
+                    and workflow.patched(PATCH_COMPENSATION_LEDGER_AWAY)
+                ):
+                    # Nothing was sent. Reserve again once the ledger may be back; a reservation
+                    # that committed while its answer was lost is known by its owner token.
+                    request = with_unsent_owner(request, cause)
+                    workflow.set_current_details(f"ledger unavailable; will reserve {ref.key} again")
+                    await workflow.sleep(backoff)
+                    backoff = min(backoff * 2, RESERVE_BACKOFF_MAX)
+                    continue
+                if (
+                    isinstance(cause, ApplicationError)
                     and cause.type == ERR_OUTCOME_NOT_RECORDED
                     and workflow.patched(PATCH_COMPENSATION_OUTCOME)
                 ):
@@ -131,6 +151,8 @@ class CompensationWorkflow:
                         summary=f"record outcome {ref.key}",
                     )
                     return recorded
+                if request.unsent_owners:  # a reservation of theirs was never sent
+                    ref = ref.model_copy(update={"unsent_owners": request.unsent_owners})
                 found = await workflow.execute_activity_method(
                     LedgerActivities.inspect_call,
                     ref,
@@ -140,6 +162,13 @@ class CompensationWorkflow:
                 )
                 if found is not None:
                     return found
+                unexpected += 1
+                if unexpected > _MAX_UNRESERVED_RERUNS:
+                    raise ApplicationError(
+                        f"compensation of {request.key} could not be reserved",
+                        type="CompensationBroken",
+                        non_retryable=True,
+                    ) from err
                 workflow.logger.warning("compensation of %s not reserved (%s); again", request.key, err)
                 # No row: nothing was reserved, so nothing was sent, and running it again is safe
                 # (the ledger guards the key). Unless a failover of the ledger lost the row: the next
@@ -147,11 +176,6 @@ class CompensationWorkflow:
                 # since (as a write call's next attempt is, workflows/write_sends.py).
                 if request.lost_attempt_at is None:
                     request = request.model_copy(update={"lost_attempt_at": began})
-        raise ApplicationError(
-            f"compensation of {request.key} could not be reserved",
-            type="CompensationBroken",
-            non_retryable=True,
-        )
 
     async def _await_resolution(self, plan: CompensationPlan, outcome: ToolOutcome) -> ToolOutcome:
         workflow.upsert_search_attributes(

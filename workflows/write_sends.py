@@ -53,22 +53,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from onceflow.workflows.reconcile import ReconcileWorkflow, reconcile_workflow_id
 
-from onceflow.workflows.write_state import WriteCallState
+from onceflow.workflows.write_state import WriteCallState, with_unsent_owner
 
 # A write activity that failed in an unexpected way before reserving is run again at most this often.
 _MAX_UNRESERVED_RERUNS = 3
-# Owner tokens of attempts that may have reserved while their answer was lost, kept for the next one.
-_UNSENT_OWNERS_KEPT = 64
-
-
-def _with_unsent_owner(tool_input: ToolCallInput, cause: BaseException | None) -> ToolCallInput:
-    """The next attempt's input, naming the failed attempt's owner token (from the error's details)."""
-    details = cause.details if isinstance(cause, ApplicationError) else ()
-    owner = details[0].get("owner") if details and isinstance(details[0], dict) else None
-    if not isinstance(owner, str):
-        return tool_input
-    owners = [*tool_input.unsent_owners, owner][-_UNSENT_OWNERS_KEPT:]
-    return tool_input.model_copy(update={"unsent_owners": owners})
 
 
 class WriteSends(WriteCallState):
@@ -118,7 +106,7 @@ class WriteSends(WriteCallState):
                     # budget limit could not be read stays as the ledger has it meanwhile. A
                     # reservation that committed while its answer was lost is the attempt's own:
                     # the next attempt knows it by its owner token.
-                    attempt_input = _with_unsent_owner(attempt_input, cause)
+                    attempt_input = with_unsent_owner(attempt_input, cause)
                     what = "ledger" if kind == ERR_LEDGER_UNAVAILABLE else "budget limit"
                     workflow.set_current_details(f"{what} unavailable; will reserve {ref.key} again")
                     await workflow.sleep(backoff)

@@ -9,8 +9,10 @@ shows of one call. Deterministic code only.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from onceflow.ledger.status import Status
@@ -22,9 +24,15 @@ with workflow.unsafe.imports_passed_through():
     )
     from onceflow.sdk.payloads import (
         CallSummary,
+        CompensationInput,
         Phase,
+        ToolCallInput,
         ToolOutcome,
     )
+
+# Owner tokens of attempts that may have reserved while their answer was lost, kept for the next one.
+_UNSENT_OWNERS_KEPT = 64
+_AttemptInput = TypeVar("_AttemptInput", ToolCallInput, CompensationInput)
 
 
 async def wait_until(condition: Callable[[], bool], timeout_seconds: float | None = None) -> bool:
@@ -37,6 +45,17 @@ async def wait_until(condition: Callable[[], bool], timeout_seconds: float | Non
     except TimeoutError:
         return False
     return True
+
+
+def with_unsent_owner(attempt_input: _AttemptInput, cause: BaseException | None) -> _AttemptInput:
+    """The next attempt's input (a write call's or a compensation's), naming the failed attempt's
+    owner token (from the error's details): a reservation of its may have committed unsent."""
+    details = cause.details if isinstance(cause, ApplicationError) else ()
+    owner = details[0].get("owner") if details and isinstance(details[0], dict) else None
+    if not isinstance(owner, str):
+        return attempt_input
+    owners = [*attempt_input.unsent_owners, owner][-_UNSENT_OWNERS_KEPT:]
+    return attempt_input.model_copy(update={"unsent_owners": owners})
 
 
 class WriteCallState:

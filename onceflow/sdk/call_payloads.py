@@ -227,6 +227,9 @@ class CompensationInput(Frozen):
     # lost with the old primary after the hook ran, and the compensation is not run again
     # (activities/sending.py, `unknown_if_failed_over`).
     lost_attempt_at: datetime | None = None
+    # Owner tokens of earlier attempts that met the ledger away: a reservation of theirs may have
+    # committed while its answer was lost, and they sent nothing (as ToolCallInput.unsent_owners).
+    unsent_owners: list[str] = []
 
 
 class CompensationPlan(Frozen):

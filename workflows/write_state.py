@@ -3,7 +3,8 @@
 The protocol (write_sends.py), its waits (write_waits.py) and the handlers (write_handlers.py) all
 read and change this state; each is a layer of one class, WriteCalls (write_calls.py), that the
 hosting workflow inherits. `wait_until` is every wait of the protocol; `call_summary` the row a run
-shows of one call. Deterministic code only.
+shows of one call; `with_unsent_owner` the next attempt's input after one that met the ledger away
+(a compensation's too, workflows/compensation.py). Deterministic code only.
 """
 
 from __future__ import annotations

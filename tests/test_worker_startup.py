@@ -4,15 +4,25 @@ problem is (file, agent) and what it is. A worker that starts is a worker whose 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
+import uuid
 from pathlib import Path
 
+import asyncpg
 import pytest
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
 
+from onceflow.ledger import migrate
+from onceflow.local.postgres import create_database, drop_database
 from onceflow.runtime.agents import load_agents
 from onceflow.runtime.config import Settings
-from onceflow.runtime.worker import run_worker
+from onceflow.runtime.constants import SEARCH_ATTRIBUTES
+from onceflow.runtime.worker import open_agents_and_ledger, run_worker
+from tests.conftest import temporal_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -183,3 +193,99 @@ async def test_worker_check_exits_0_on_a_good_file_and_1_on_a_bad_one_without_a_
     assert bad_code == 1
     assert "retried-write.change_address" in bad_err and "attempted 3 times" in bad_err
     assert "Traceback" not in bad_err
+
+
+# -- ONCEFLOW_MIGRATE and ONCEFLOW_SEARCH_ATTRIBUTES: a worker that only checks what it may not change --
+
+
+async def _tables(dsn: str) -> set[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        return {r["tablename"] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def test_a_worker_that_only_checks_the_schema_refuses_a_ledger_behind_it_and_changes_nothing(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    """ONCEFLOW_MIGRATE=check, for deployments whose worker role may not change the schema: a ledger
+    the code is ahead of stops the worker with what to run, and the database is left as it was."""
+    name = f"onceflow_unmigrated_{uuid.uuid4().hex[:8]}"
+    fresh = await create_database(postgres_dsn, name)
+    try:
+        agents = tmp_path / "agents.yaml"
+        agents.write_text(VALID)
+        only_check = dataclasses.replace(settings(agents, fresh), migrate="check")
+        with pytest.raises(SystemExit) as refused:
+            await run_worker(only_check)
+        message = str(refused.value)
+        assert "the ledger's schema is behind this onceflow" in message
+        assert "onceflow migrate" in message and "ONCEFLOW_MIGRATE=apply" in message
+        assert await _tables(fresh) == set()  # nothing created
+        await migrate(fresh)  # as `onceflow migrate` does
+        registry, ledger = await open_agents_and_ledger(only_check, "worker")
+        await ledger.close()
+        assert set(registry.agents) == {"clerk"}
+    finally:
+        await drop_database(postgres_dsn, name)
+
+
+@pytest.mark.parametrize(
+    ("variable", "field", "value"),
+    [
+        ("ONCEFLOW_MIGRATE", "migrate", "sometimes"),
+        ("ONCEFLOW_SEARCH_ATTRIBUTES", "search_attributes", "add"),
+    ],
+)
+async def test_a_start_mode_that_is_neither_is_refused_before_anything_is_reached(
+    tmp_path: Path, variable: str, field: str, value: str
+) -> None:
+    base = settings(tmp_path / "agents.yaml")
+    wrong = (
+        dataclasses.replace(base, migrate=value)
+        if field == "migrate"
+        else dataclasses.replace(base, search_attributes=value)
+    )
+    with pytest.raises(SystemExit) as refused:
+        await run_worker(wrong)  # the database is unreachable: refused before it is tried
+    assert f"{variable} must be" in str(refused.value) and repr(value) in str(refused.value)
+
+
+async def test_a_worker_that_only_checks_search_attributes_refuses_a_namespace_without_them(
+    database_url: str, tmp_path: Path
+) -> None:
+    """ONCEFLOW_SEARCH_ATTRIBUTES=check, for namespaces whose attributes an administrator adds (as
+    docker-compose.yml's register-search-attributes does): missing ones stop the worker, named,
+    and nothing is added."""
+    namespace = "onceflow-check-only"
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli(),
+        dev_server_extra_args=["--namespace", namespace],
+        dev_server_log_level="error",
+    )
+    try:
+        address = env.client.service_client.config.target_host
+        agents = tmp_path / "agents.yaml"
+        agents.write_text(VALID)
+        only_check = dataclasses.replace(
+            settings(agents, database_url),
+            temporal_address=address,
+            temporal_namespace=namespace,
+            search_attributes="check",
+        )
+        # Were it to serve, it would stop after a minute and the test fail, not hang. (Not under
+        # asyncio.wait_for: a SystemExit inside a task leaves the event loop instead.)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(60, stop.set)
+        with pytest.raises(SystemExit) as refused:
+            await run_worker(only_check, stop=stop)
+        assert f"namespace {namespace!r} lacks the search attributes" in str(refused.value)
+        client = await Client.connect(address, namespace=namespace)
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+        assert not {key.name for key in SEARCH_ATTRIBUTES} & set(listed.custom_attributes)
+    finally:
+        await env.shutdown()

@@ -21,6 +21,10 @@ ENVIRONMENT = {
     # The secret the API signs operator assertions with and workers check them with (at least 32
     # characters; activities/signal_door.py). Empty: no assertions can be made or accepted.
     "ONCEFLOW_SIGNAL_KEY": "",
+    # `apply`: the worker and the API bring the ledger's schema up to date when they start;
+    # `check`: they only check it is, and refuse to start otherwise (for a deployment that migrates
+    # with `onceflow migrate` as a step of its own, and whose processes may not change the schema).
+    "ONCEFLOW_MIGRATE": "apply",
 }
 # Read by the worker only. ONCEFLOW_SHUTDOWN_GRACE: seconds a SIGTERMed worker lets in-flight
 # activities finish; unset means the longest tool timeout plus margins (see onceflow/runtime/worker.py).
@@ -38,10 +42,14 @@ ENVIRONMENT = {
 # (onceflow/ledger/durability.py; `onceflow doctor` prints the checks); `development` logs them.
 # ONCEFLOW_LEDGER_REPLICATION: `managed` declares a managed service's synchronous copy, which
 # PostgreSQL cannot show the ledger's role (docs/operations.md).
+# ONCEFLOW_SEARCH_ATTRIBUTES: `register` adds onceflow's search attributes to the namespace when
+# they are missing; `check` only checks, and refuses to start without them (an administrator adds
+# them: docker-compose.yml's register-search-attributes).
 WORKER_ENVIRONMENT = {
     "ONCEFLOW_SIGNALS": "verified",
     "ONCEFLOW_PROFILE": "development",
     "ONCEFLOW_LEDGER_REPLICATION": "streaming",
+    "ONCEFLOW_SEARCH_ATTRIBUTES": "register",
     "ONCEFLOW_SHUTDOWN_GRACE": "",
     "ONCEFLOW_MAX_CACHED_WORKFLOWS": "",
     "ONCEFLOW_AGENTS_ENABLED": "",
@@ -138,6 +146,8 @@ class Settings:
     signal_key: str = field(default="", repr=False)  # a secret: never in a log line
     profile: str = "development"  # ONCEFLOW_PROFILE as given; the durability check reads it
     ledger_replication: str = "streaming"  # ONCEFLOW_LEDGER_REPLICATION as given
+    migrate: str = "apply"  # ONCEFLOW_MIGRATE as given; the worker and the API check it
+    search_attributes: str = "register"  # ONCEFLOW_SEARCH_ATTRIBUTES as given; the worker checks it
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -155,6 +165,8 @@ class Settings:
             signal_key=os.environ.get("ONCEFLOW_SIGNAL_KEY", ""),
             profile=env("ONCEFLOW_PROFILE"),
             ledger_replication=env("ONCEFLOW_LEDGER_REPLICATION"),
+            migrate=env("ONCEFLOW_MIGRATE"),
+            search_attributes=env("ONCEFLOW_SEARCH_ATTRIBUTES"),
         )
 
 

@@ -21,7 +21,7 @@ from temporalio.worker import Plugin as WorkerPlugin
 from temporalio.worker import Worker
 
 from onceflow.activities import SignalDoor, default_identity
-from onceflow.ledger import Ledger, LedgerError, migrate
+from onceflow.ledger import Ledger, LedgerError, migrate, schema_behind
 from onceflow.runtime.agents import AgentConfigError, AgentRegistry, check_models, load_agents
 from onceflow.runtime.client import connect
 from onceflow.runtime.config import ENVIRONMENT, Settings, default_max_cached_workflows
@@ -126,6 +126,9 @@ async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[Agen
     and the ledger answers (migrated). Anything wrong ends the process with a message naming it."""
     if not settings.database_url:
         raise SystemExit(f"ONCEFLOW_DATABASE_URL is not set: the {process} needs the ledger database")
+    apply_migrations = _start_mode(process, "ONCEFLOW_MIGRATE", settings.migrate, ("apply", "check"))
+    if process == "worker":
+        _start_mode(process, "ONCEFLOW_SEARCH_ATTRIBUTES", settings.search_attributes, ("register", "check"))
     try:
         SignalDoor.from_settings(settings.signals, settings.signal_key)
         registry = load_agents_file(settings.agents_path)
@@ -137,11 +140,28 @@ async def open_agents_and_ledger(settings: Settings, process: str) -> tuple[Agen
     if not registry.agents:
         log.info("%s: no onceflow agents (%s is absent or lists none)", process, settings.agents_path)
     try:
-        await migrate(settings.database_url)
+        if apply_migrations == "apply":
+            await migrate(settings.database_url)
+        elif behind := await schema_behind(settings.database_url):
+            raise SystemExit(
+                f"cannot start the {process}: the ledger's schema is behind this onceflow "
+                f"({', '.join(behind)} not applied), and ONCEFLOW_MIGRATE=check leaves it as it is. "
+                "Run `onceflow migrate` with ONCEFLOW_DATABASE_URL set to the ledger, or set "
+                "ONCEFLOW_MIGRATE=apply to let the process migrate it"
+            )
         ledger = await Ledger.connect(settings.database_url)
     except (OSError, LedgerError, asyncpg.PostgresError) as exc:
         raise SystemExit(f"cannot reach the ledger database: {exc}") from exc
     return registry, ledger
+
+
+def _start_mode(process: str, variable: str, value: str, allowed: tuple[str, str]) -> str:
+    """A setting that is one of two words, checked before anything is reached."""
+    if value not in allowed:
+        raise SystemExit(
+            f"cannot start the {process}: {variable} must be `{allowed[0]}` or `{allowed[1]}`, not {value!r}"
+        )
+    return value
 
 
 def check_configuration(settings: Settings) -> tuple[str | None, str]:
@@ -193,6 +213,7 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
             task_queue=settings.task_queue,
             shutdown_grace=grace,
             max_cached_workflows=max_cached_workflows(settings.max_cached_workflows),
+            search_attributes="check" if settings.search_attributes == "check" else "register",
             signal_door=door,
         )
         agents = ", ".join(sorted(registry.agents)) or "none"

@@ -11,7 +11,9 @@ replication "no row" no longer proves "not sent". Two ways it shows:
   row is written back as an unknown call at the attempt that sent it, never reported "not found" (a
   run that read that as "nothing was reserved" would run the hook again).
 
-Each test's record is its own hook's list of what it undid, and the Temporal history of the run.
+A reservation that committed while its answer was lost is released by the next attempt, told the
+lost one's owner token, and the hook runs once. What the workflow does when an attempt fails is
+tests/test_compensation_attempts.py. Each test's record is its own hook's list of what it undid.
 """
 
 from __future__ import annotations
@@ -22,11 +24,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from temporalio import activity
-from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
 from onceflow import ToolContext, Toolset, external
 from onceflow.activities.compensation import CompensationActivities, compensation_key
@@ -34,19 +32,12 @@ from onceflow.ledger import CallIdentity, Ledger, SideEffect, Status, ToolExecut
 from onceflow.ledger.lost_writes import LOST_KIND
 from onceflow.runtime.agents import Agent, AgentConfig, AgentRegistry
 from onceflow.runtime.constants import (
-    ERR_LEDGER_UNAVAILABLE,
     ERR_OUTCOME_NOT_RECORDED,
-    RESERVE_BACKOFF_INITIAL,
 )
 from onceflow.sdk.payloads import (
-    CallRef,
     CompensationInput,
-    CompensationPlan,
-    CompensationResult,
     OwnerOutcome,
-    ToolOutcome,
 )
-from onceflow.workflows.compensation import CompensationWorkflow
 from tests.support.lost_attempts import attempt_environment, failed_over_at
 from tests.support.replication import fail_over, replicated_ledger
 
@@ -217,159 +208,6 @@ async def test_a_compensation_lost_in_a_real_failover_after_its_worker_died_is_n
             assert record.status is Status.INDETERMINATE and record.events[-1].kind == LOST_KIND
         finally:
             await second.close()
-
-
-# -- the workflow tells a second attempt when the lost one began ------------------------------------
-
-
-async def _compensate(temporal_env: WorkflowEnvironment, activities: list[Any]) -> CompensationResult:
-    """One CompensationWorkflow run on a worker of its own with these activities (test doubles
-    under the real activities' names); its result, or an AssertionError saying why it failed."""
-    queue = f"lost-compensations-{uuid.uuid4().hex[:8]}"
-    request = CompensationInput(key="run-x:call_1", tenant="t1", actor="operator:ana", reason="twice")
-    async with Worker(
-        temporal_env.client, task_queue=queue, workflows=[CompensationWorkflow], activities=activities
-    ):
-        try:
-            return await temporal_env.client.execute_workflow(
-                CompensationWorkflow.run, request, id=f"compensation:{uuid.uuid4().hex}", task_queue=queue
-            )
-        except WorkflowFailureError as exc:  # pragma: no cover - the assertions say what failed
-            raise AssertionError(f"the compensation run failed: {exc.cause}") from exc
-
-
-ATTEMPTS: list[CompensationInput] = []
-SCHEDULED: list[datetime] = []
-
-
-@activity.defn(name="plan_compensation")
-async def plan(request: CompensationInput) -> CompensationPlan:
-    return CompensationPlan(
-        compensation_key=compensation_key(request.key),
-        hook="refund",
-        timeout_seconds=5,
-        recheck_interval_seconds=60,
-    )
-
-
-@activity.defn(name="run_compensation")
-async def lost_once(request: CompensationInput) -> ToolOutcome:
-    """The first attempt is lost without a trace; the second completes."""
-    ATTEMPTS.append(request)
-    SCHEDULED.append(activity.info().scheduled_time)
-    if len(ATTEMPTS) == 1:
-        raise ApplicationError("the worker died", non_retryable=True)
-    return ToolOutcome(
-        tool_call_id=compensation_key(request.key),
-        tool="refund",
-        key=compensation_key(request.key),
-        status=Status.COMPLETED,
-    )
-
-
-@activity.defn(name="inspect_call")
-async def no_row(ref: CallRef) -> ToolOutcome | None:
-    return None
-
-
-@activity.defn(name="finish_compensation")
-async def finish(request: CompensationInput) -> ToolOutcome:
-    return ToolOutcome(tool_call_id="call_1", tool="pay", key=request.key, status=Status.COMPENSATED)
-
-
-async def test_a_compensation_run_again_after_no_row_is_told_when_the_lost_attempt_began(
-    temporal_env: WorkflowEnvironment,
-) -> None:
-    ATTEMPTS.clear()
-    SCHEDULED.clear()
-    await _compensate(temporal_env, [plan, lost_once, no_row, finish])
-    assert len(ATTEMPTS) == 2
-    assert ATTEMPTS[0].lost_attempt_at is None
-    lost_at = ATTEMPTS[1].lost_attempt_at
-    assert lost_at is not None
-    # The workflow's clock when it scheduled the first attempt: not after the server scheduled it.
-    assert lost_at <= SCHEDULED[0] < SCHEDULED[1]
-    assert SCHEDULED[0] - lost_at < timedelta(seconds=5)
-
-
-RECORDED: list[OwnerOutcome] = []
-INSPECTED: list[CallRef] = []
-
-
-@activity.defn(name="run_compensation")
-async def outcome_not_recorded(request: CompensationInput) -> ToolOutcome:
-    """The hook ran and completed; the ledger was away when its outcome was written."""
-    key = compensation_key(request.key)
-    outcome = OwnerOutcome(
-        key=key, owner="wf/1#1@w", tool="refund", tool_call_id=key, status="completed", value={"refunded": 1}
-    )
-    raise ApplicationError(
-        "outcome not recorded",
-        outcome.model_dump(mode="json"),
-        type=ERR_OUTCOME_NOT_RECORDED,
-        non_retryable=True,
-    )
-
-
-@activity.defn(name="record_outcome")
-async def record(outcome: OwnerOutcome) -> ToolOutcome:
-    RECORDED.append(outcome)
-    return ToolOutcome(
-        tool_call_id=outcome.tool_call_id, tool=outcome.tool, key=outcome.key, status=Status.COMPLETED
-    )
-
-
-@activity.defn(name="inspect_call")
-async def inspect(ref: CallRef) -> ToolOutcome | None:
-    INSPECTED.append(ref)
-    return None
-
-
-async def test_a_compensation_whose_outcome_was_not_written_is_recorded_not_looked_for(
-    temporal_env: WorkflowEnvironment,
-) -> None:
-    RECORDED.clear()
-    INSPECTED.clear()
-    result = await _compensate(temporal_env, [plan, outcome_not_recorded, record, inspect, finish])
-    assert result.status is Status.COMPLETED
-    assert [r.value for r in RECORDED] == [{"refunded": 1}]
-    assert INSPECTED == []  # nothing guessed from the ledger's rows
-
-
-# -- a reservation whose answer was lost: nothing was sent, and the next attempt knows it ------------
-
-REQUESTS: list[CompensationInput] = []
-SLEPT: list[datetime] = []
-
-
-@activity.defn(name="run_compensation")
-async def answer_lost_once(request: CompensationInput) -> ToolOutcome:
-    """The first attempt's reservation may have committed while its answer was lost (the ledger is
-    away); it sent nothing and says so, with its owner token. The second completes."""
-    REQUESTS.append(request)
-    SLEPT.append(activity.info().scheduled_time)
-    if len(REQUESTS) == 1:
-        raise ApplicationError(
-            "not sent: the ledger is away",
-            {"owner": "wf/1#1@w"},
-            type=ERR_LEDGER_UNAVAILABLE,
-            non_retryable=True,
-        )
-    key = compensation_key(request.key)
-    return ToolOutcome(tool_call_id=key, tool="refund", key=key, status=Status.COMPLETED)
-
-
-async def test_a_compensation_not_sent_for_the_ledger_is_reserved_again_naming_the_lost_owner(
-    temporal_env: WorkflowEnvironment,
-) -> None:
-    REQUESTS.clear()
-    SLEPT.clear()
-    INSPECTED.clear()
-    result = await _compensate(temporal_env, [plan, answer_lost_once, inspect, finish])
-    assert result.status is Status.COMPLETED
-    assert [r.unsent_owners for r in REQUESTS] == [[], ["wf/1#1@w"]]
-    assert INSPECTED == []  # "not sent" is known: nothing to look for, nothing left unknown
-    assert SLEPT[1] - SLEPT[0] >= RESERVE_BACKOFF_INITIAL  # the ledger is given time to come back
 
 
 async def test_a_compensation_reserved_by_an_attempt_that_sent_nothing_is_released_and_run_once(
